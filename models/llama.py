@@ -1,0 +1,238 @@
+"""Llama 3 / 3.1 / 3.3 (and SmolLM2) in Flax NNX, with layers stacked for `lax.scan`.
+
+Names carry their shapes: B batch, T query length, S key/cache length, D model width, N query heads,
+K key/value heads, G = N // K query heads per KV head, H head dim, F MLP width, V vocab, L layers.
+RoPE uses the rotate-half layout of Hugging Face, so HF q/k weights load with transpose + reshape only.
+The same module serves the policy (logits), the sampler (KV cache) and the value model (hidden states).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.config import LlamaConfig
+from models.sharding import constrain
+
+_MASKED = -1e30  # finite, so a query with no visible key (left padding) gives a uniform row, not NaN
+
+# name -> (logical axes, shape function) of every per-layer parameter; the stacked array has a leading L axis.
+LAYER_PARAMS: dict[str, tuple[tuple[str, ...], Any]] = {
+    "attn_norm_d": (("norm",), lambda c: (c.hidden_size,)),
+    "q_dnh": (("embed", "heads", "head_dim"), lambda c: (c.hidden_size, c.num_heads, c.head_dim)),
+    "k_dkh": (("embed", "kv_heads", "head_dim"), lambda c: (c.hidden_size, c.num_kv_heads, c.head_dim)),
+    "v_dkh": (("embed", "kv_heads", "head_dim"), lambda c: (c.hidden_size, c.num_kv_heads, c.head_dim)),
+    "o_nhd": (("heads", "head_dim", "embed"), lambda c: (c.num_heads, c.head_dim, c.hidden_size)),
+    "mlp_norm_d": (("norm",), lambda c: (c.hidden_size,)),
+    "gate_df": (("embed", "mlp"), lambda c: (c.hidden_size, c.intermediate_size)),
+    "up_df": (("embed", "mlp"), lambda c: (c.hidden_size, c.intermediate_size)),
+    "down_fd": (("mlp", "embed"), lambda c: (c.intermediate_size, c.hidden_size)),
+}
+
+
+def rope_inv_freq(config: LlamaConfig) -> np.ndarray:
+    """Inverse RoPE frequencies [H/2] in float32, with Llama 3.1 scaling applied when configured."""
+    dim = config.head_dim
+    exponents = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
+    inv_freq = (np.float32(1.0) / (np.float32(config.rope_theta) ** exponents)).astype(np.float32)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    old_context = np.float32(scaling.original_max_position_embeddings)
+    low_wavelen = old_context / np.float32(scaling.low_freq_factor)
+    high_wavelen = old_context / np.float32(scaling.high_freq_factor)
+    wavelen = np.float32(2 * np.pi) / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / np.float32(scaling.factor), inv_freq)
+    smooth = (old_context / wavelen - np.float32(scaling.low_freq_factor)) / np.float32(
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / np.float32(scaling.factor) + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x_btnh: jax.Array, positions_bt: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate-half RoPE: x*cos + rotate_half(x)*sin with angles position * inv_freq (fp32)."""
+    freqs = positions_bt.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, H/2]
+    angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles).astype(x_btnh.dtype), jnp.sin(angles).astype(x_btnh.dtype)
+    half = x_btnh.shape[-1] // 2
+    rotated = jnp.concatenate([-x_btnh[..., half:], x_btnh[..., :half]], axis=-1)
+    return x_btnh * cos + rotated * sin
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm with statistics in fp32, as HF: scale * (x / rms(x)) cast back to x's dtype."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return scale.astype(x.dtype) * normed.astype(x.dtype)
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Static-shape KV cache for all layers. Slots [0, index) are written; `valid` marks non-padding slots."""
+
+    k_lbskh: jax.Array
+    v_lbskh: jax.Array
+    valid_bs: jax.Array  # bool
+    index: jax.Array  # int32 scalar: the next slot to write
+
+    @classmethod
+    def init(cls, config: LlamaConfig, batch: int, length: int, dtype: Any = None) -> "KVCache":
+        shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
+        dtype = dtype or config.dtype
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, length), bool),
+                   jnp.zeros((), jnp.int32))
+
+    @property
+    def length(self) -> int:
+        return self.k_lbskh.shape[2]
+
+
+def _attention(cfg: LlamaConfig, x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array,
+               allowed_bts: jax.Array, inv_freq: np.ndarray, cache_kv: tuple[jax.Array, jax.Array] | None,
+               write_index: jax.Array | None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    dt = x_btd.dtype
+    q_btnh = apply_rope(jnp.einsum("btd,dnh->btnh", x_btd, p["q_dnh"].astype(dt)), positions_bt, inv_freq)
+    k_btkh = apply_rope(jnp.einsum("btd,dkh->btkh", x_btd, p["k_dkh"].astype(dt)), positions_bt, inv_freq)
+    v_btkh = jnp.einsum("btd,dkh->btkh", x_btd, p["v_dkh"].astype(dt))
+    new_cache = None
+    if cache_kv is not None:
+        k_cache, v_cache = cache_kv
+        k_bskh = jax.lax.dynamic_update_slice(k_cache, k_btkh.astype(k_cache.dtype), (0, write_index, 0, 0))
+        v_bskh = jax.lax.dynamic_update_slice(v_cache, v_btkh.astype(v_cache.dtype), (0, write_index, 0, 0))
+        new_cache = (k_bskh, v_bskh)
+        k_bskh, v_bskh = k_bskh.astype(dt), v_bskh.astype(dt)
+    else:
+        k_bskh, v_bskh = k_btkh, v_btkh
+    b, t, n, h = q_btnh.shape
+    kv = cfg.num_kv_heads
+    q_btkgh = q_btnh.reshape(b, t, kv, n // kv, h)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh, preferred_element_type=jnp.float32)
+    scores = jnp.where(allowed_bts[:, None, None], scores * (h ** -0.5), _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out_btnh = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh).reshape(b, t, n, h)
+    out_btnh = constrain(out_btnh, ("batch", "length", "heads", "head_dim"))
+    return jnp.einsum("btnh,nhd->btd", out_btnh, p["o_nhd"].astype(dt)), new_cache
+
+
+def _mlp(x_btd: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
+    dt = x_btd.dtype
+    gate = jnp.einsum("btd,df->btf", x_btd, p["gate_df"].astype(dt))
+    up = jnp.einsum("btd,df->btf", x_btd, p["up_df"].astype(dt))
+    act = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+    return jnp.einsum("btf,fd->btd", act, p["down_fd"].astype(dt))
+
+
+class DecoderStack(nnx.Module):
+    """All decoder layers, each parameter stacked on a leading layer axis and run with `lax.scan`."""
+
+    def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        init = nnx.initializers.normal(0.02)
+        for name, (axes, shape_fn) in LAYER_PARAMS.items():
+            shape = (config.num_layers,) + shape_fn(config)
+            if name.endswith("norm_d"):
+                value = jnp.ones(shape, config.param_dtype)
+            else:
+                value = init(rngs.params(), shape, config.param_dtype)
+            setattr(self, name, nnx.Param(value, axes=("layers",) + axes))
+
+    def __call__(self, h_btd: jax.Array, positions_bt: jax.Array, allowed_bts: jax.Array,
+                 cache: KVCache | None) -> tuple[jax.Array, KVCache | None]:
+        cfg = self.config
+        inv_freq = rope_inv_freq(cfg)
+        params = {name: getattr(self, name)[...] for name in LAYER_PARAMS}
+        write_index = cache.index if cache is not None else None
+
+        def layer(h, xs):
+            p, cache_kv = xs
+            attn, new_kv = _attention(cfg, rms_norm(h, p["attn_norm_d"], cfg.rms_norm_eps), p, positions_bt,
+                                      allowed_bts, inv_freq, cache_kv, write_index)
+            h = h + attn
+            h = h + _mlp(rms_norm(h, p["mlp_norm_d"], cfg.rms_norm_eps), p)
+            return constrain(h, ("batch", "length", "act_embed")), new_kv
+
+        if cfg.remat == "full":
+            layer = jax.checkpoint(layer)
+        elif cfg.remat == "dots_saveable":
+            layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+        cache_xs = (cache.k_lbskh, cache.v_lbskh) if cache is not None else None
+        h_btd, new_kv = jax.lax.scan(layer, h_btd, (params, cache_xs))
+        if cache is None:
+            return h_btd, None
+        t = h_btd.shape[1]
+        return h_btd, cache.replace(k_lbskh=new_kv[0], v_lbskh=new_kv[1], index=cache.index + t)
+
+
+class Llama(nnx.Module):
+    """Decoder-only Llama. `__call__` gives fp32 logits [B, T, V]; `hidden_states` the final-normed [B, T, D]."""
+
+    def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        init = nnx.initializers.normal(0.02)
+        d, v = config.hidden_size, config.vocab_size
+        self.embed_vd = nnx.Param(init(rngs.params(), (v, d), config.param_dtype), axes=("vocab", "embed"))
+        self.layers = DecoderStack(config, rngs=rngs)
+        self.final_norm_d = nnx.Param(jnp.ones((d,), config.param_dtype), axes=("norm",))
+        if not config.tie_word_embeddings:
+            self.lm_head_dv = nnx.Param(init(rngs.params(), (d, v), config.param_dtype), axes=("embed", "vocab"))
+
+    def hidden_states(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
+                      attention_mask_bt: jax.Array | None = None, cache: KVCache | None = None
+                      ) -> tuple[jax.Array, KVCache | None]:
+        """Final-normed hidden states. With `cache`, tokens are written at slots [index, index + T).
+
+        attention_mask_bt: 1/True for real tokens, 0 for padding (left or right). Without a cache,
+        positions default to the count of real tokens before each one (HF's left-padding convention).
+        """
+        b, t = tokens_bt.shape
+        mask_bt = (jnp.ones((b, t), bool) if attention_mask_bt is None else attention_mask_bt.astype(bool))
+        if positions_bt is None:
+            if cache is not None:
+                raise ValueError("Llama.hidden_states: positions_bt is required when a KV cache is given")
+            positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=-1) - 1, 0)
+        if cache is None:
+            q_slot, k_slot, key_valid_bs = jnp.arange(t), jnp.arange(t), mask_bt
+        else:
+            q_slot = cache.index + jnp.arange(t)
+            k_slot = jnp.arange(cache.length)
+            key_valid_bs = jax.lax.dynamic_update_slice(cache.valid_bs, mask_bt, (0, cache.index))
+        allowed_bts = (k_slot[None, None, :] <= q_slot[None, :, None]) & key_valid_bs[:, None, :]
+        dt = jnp.dtype(self.config.dtype)
+        h_btd = constrain(jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(dt), ("batch", "length", "act_embed"))
+        h_btd, cache = self.layers(h_btd, positions_bt, allowed_bts, cache)
+        if cache is not None:
+            cache = cache.replace(valid_bs=key_valid_bs)
+        return rms_norm(h_btd, self.final_norm_d[...], self.config.rms_norm_eps), cache
+
+    def logits(self, h_btd: jax.Array) -> jax.Array:
+        dt = h_btd.dtype
+        if self.config.tie_word_embeddings:
+            out = jnp.einsum("btd,vd->btv", h_btd, self.embed_vd[...].astype(dt), preferred_element_type=jnp.float32)
+        else:
+            out = jnp.einsum("btd,dv->btv", h_btd, self.lm_head_dv[...].astype(dt), preferred_element_type=jnp.float32)
+        return constrain(out, ("batch", "length", "vocab"))
+
+    def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
+                 attention_mask_bt: jax.Array | None = None, cache: KVCache | None = None
+                 ) -> tuple[jax.Array, KVCache | None]:
+        h_btd, cache = self.hidden_states(tokens_bt, positions_bt, attention_mask_bt, cache)
+        return self.logits(h_btd), cache
+
+
+class LlamaValueModel(nnx.Module):
+    """A Llama backbone with a scalar head: values [B, T] (fp32) from the final hidden states (PPO critic)."""
+
+    def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
+        self.backbone = Llama(config, rngs=rngs)
+        self.value_head_d = nnx.Param(jnp.zeros((config.hidden_size,), jnp.float32), axes=("embed",))
+        self.value_bias = nnx.Param(jnp.zeros((), jnp.float32), axes=())
+
+    def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
+                 attention_mask_bt: jax.Array | None = None) -> jax.Array:
+        h_btd, _ = self.backbone.hidden_states(tokens_bt, positions_bt, attention_mask_bt)
+        return jnp.einsum("btd,d->bt", h_btd.astype(jnp.float32), self.value_head_d[...]) + self.value_bias[...]

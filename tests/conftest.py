@@ -1,0 +1,59 @@
+"""Shared fixtures: tiny HF Llama checkpoints written by transformers, and the SmolLM2 GGUF checkpoint."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def hf_tiny_llama(tmp_path: Path, seed: int = 0, dtype: str = "float32", **overrides):
+    """Save a random transformers LlamaForCausalLM and return (directory, model)."""
+    import torch
+    from transformers import LlamaConfig as HFLlamaConfig
+    from transformers import LlamaForCausalLM
+
+    kwargs = dict(vocab_size=301, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
+                  num_key_value_heads=2, head_dim=8, rope_theta=50000.0, max_position_embeddings=256,
+                  tie_word_embeddings=False, rms_norm_eps=1e-5)
+    kwargs.update(overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(HFLlamaConfig(**kwargs)).eval()
+    with torch.no_grad():  # non-trivial norm weights so a mixed-up norm would show
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    model = model.to(getattr(torch, dtype))
+    directory = tmp_path / f"hf_{seed}_{dtype}"
+    model.save_pretrained(directory)
+    return directory, model
+
+
+@pytest.fixture(scope="session")
+def smollm2_ckpt(tmp_path_factory) -> Path:
+    from models.pretrained import smollm2_checkpoint
+
+    cache = os.environ.get("RLJAX_TEST_CACHE")
+    return smollm2_checkpoint(cache or tmp_path_factory.mktemp("smollm2"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf():
+    """transformers' own load of the same GGUF (dequantized fp32): model and tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from models.pretrained import GGUF_NAME, smollm2_gguf_path
+
+    folder = smollm2_gguf_path().parent
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_NAME, dtype=torch.float32).eval()
+    return model, tokenizer
+
+
+def random_ids(seed: int, shape, vocab: int) -> np.ndarray:
+    return np.random.RandomState(seed).randint(0, vocab, shape)

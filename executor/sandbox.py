@@ -1,0 +1,290 @@
+"""Run untrusted Python programs: bubblewrap namespaces + rlimits + an unprivileged uid, whole tree killed.
+
+Each run gets a private scratch dir (the only writable path), an empty environment, no network, its own PID
+namespace (so ending bwrap ends every process of the run), read-only system dirs and nothing of the repo or
+home. When the host process is root the run drops to a uid of its own (rlimits on process count do not bind
+root, and a unique uid lets the fallback kill every process the run left). Without bwrap the run falls back
+to rlimits + its own session + uid-wide kill, and says so: `isolation="rlimits"` in every result and one
+warning in the log. The verdict is made here from exit status and output, never from files the program writes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger("executor.sandbox")
+
+STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error")
+SANDBOX_DIR = "/sandbox"
+UID_BASE, UID_COUNT = 61000, 512
+MAX_PROCESSES = 64
+
+
+@dataclasses.dataclass
+class RunResult:
+    status: str
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    wall_s: float
+    cpu_s: float
+    isolation: str  # "bwrap" or "rlimits"
+
+
+class _UidPool:
+    """Unprivileged uids handed out one per concurrent run (only used when the host process is root)."""
+
+    def __init__(self, base: int, count: int):
+        self._free = list(range(base + count - 1, base - 1, -1))
+        self._cond = threading.Condition()
+
+    def acquire(self) -> int:
+        with self._cond:
+            while not self._free:
+                self._cond.wait()
+            return self._free.pop()
+
+    def release(self, uid: int) -> None:
+        with self._cond:
+            self._free.append(uid)
+            self._cond.notify()
+
+
+_UIDS = _UidPool(UID_BASE, UID_COUNT)
+_warned = False
+
+
+def isolation_mode() -> str:
+    """'bwrap' when bubblewrap is installed, else 'rlimits' (warned about once). RLJAX_SANDBOX=rlimits forces
+    the fallback (for testing it), still with the warning."""
+    global _warned
+    forced = os.environ.get("RLJAX_SANDBOX", "")
+    if forced not in ("", "bwrap", "rlimits"):
+        raise ValueError(f"RLJAX_SANDBOX={forced!r}: expected 'bwrap' or 'rlimits'")
+    mode = "bwrap" if shutil.which("bwrap") and forced != "rlimits" else "rlimits"
+    if mode == "rlimits" and not _warned:
+        _warned = True
+        log.warning("executor: bubblewrap (bwrap) not found; untrusted code runs with rlimits + session kill only "
+                    "(isolation=rlimits): no filesystem, network or PID isolation. Install the 'bubblewrap' package.")
+        print("WARNING executor: bwrap missing, sandbox isolation=rlimits (weaker)", file=sys.stderr)
+    return mode
+
+
+def interpreter() -> str:
+    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def _bwrap_command(scratch: str, python: str, script: str, mount_proc: bool = True) -> list[str]:
+    cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--as-pid-1", "--clearenv",
+           "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", SANDBOX_DIR, "--setenv", "PYTHONHASHSEED", "0",
+           "--ro-bind", "/usr", "/usr", "--dev", "/dev", "--tmpfs", "/tmp"]
+    if mount_proc:
+        cmd += ["--proc", "/proc"]
+    for top in ("/bin", "/lib", "/lib64", "/lib32", "/sbin"):
+        if os.path.islink(top):
+            cmd += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            cmd += ["--ro-bind", top, top]
+    prefix = os.path.realpath(sys.base_prefix)
+    if not python.startswith("/usr/") and not prefix.startswith("/usr"):
+        cmd += ["--ro-bind", prefix, prefix]  # the interpreter's own install, read-only (not the rest of home)
+    cmd += ["--bind", scratch, SANDBOX_DIR, "--chdir", SANDBOX_DIR, "--", python, "-I", "-S", script]
+    return cmd
+
+
+def _limits(uid: int | None, time_limit_s: float, memory_limit_mb: int, file_limit_bytes: int):
+    def apply() -> None:  # runs in the child between fork and exec
+        os.setsid()
+        mem = memory_limit_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        cpu = int(time_limit_s) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit_bytes, file_limit_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
+    return apply
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process owned by `uid` (a forked helper drops to it and signals -1)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _status(exit_code: int, stderr: str, timed_out: bool, over_output: bool, cpu_s: float, time_limit_s: float,
+            isolation: str) -> str:
+    if over_output:
+        return "output_limit"
+    if timed_out or exit_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or cpu_s > time_limit_s:
+        return "timeout"
+    tail = stderr.strip().splitlines()[-1:] if stderr.strip() else []
+    if tail and (tail[0].startswith("MemoryError") or tail[0].endswith("MemoryError")):
+        return "memory_limit"
+    if exit_code == 0:
+        return "ok"
+    if isolation == "bwrap" and exit_code == 1 and stderr.startswith("bwrap:"):
+        return "sandbox_error"
+    return "runtime_error"
+
+
+@dataclasses.dataclass
+class _RawRun:
+    stdout: bytes
+    stderr: bytes
+    exit_code: int | None
+    wall_s: float
+    cpu_s: float
+    timed_out: bool
+    over_output: bool
+    isolation: str
+
+
+def sandboxed_python(files: dict[str, str], script: str, stdin: bytes, *, wall_limit_s: float,
+                     cpu_limit_s: float, memory_limit_mb: int, output_limit_bytes: int, mount_proc: bool = True
+                     ) -> _RawRun:
+    """Write `files` into a fresh scratch dir and run `python -I -S script` there, isolated and limited."""
+    isolation = isolation_mode()
+    uid = _UIDS.acquire() if os.geteuid() == 0 else None
+    scratch = tempfile.mkdtemp(prefix="rljax-run-")
+    start = time.monotonic()
+    try:
+        for name, text in files.items():
+            Path(scratch, name).write_text(text)
+        if uid is not None:
+            os.chown(scratch, uid, uid)
+        python = interpreter()
+        if isolation == "bwrap":
+            cmd, cwd = _bwrap_command(scratch, python, script, mount_proc), None
+        else:
+            cmd, cwd = [python, "-I", "-S", os.path.join(scratch, script)], scratch
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env={} if isolation == "bwrap" else {"PATH": "/usr/bin:/bin", "HOME": scratch},
+                                    cwd=cwd, close_fds=True,
+                                    preexec_fn=_limits(uid, cpu_limit_s, memory_limit_mb, output_limit_bytes))
+        except OSError as error:
+            return _RawRun(b"", f"sandbox: {error}".encode(), None, time.monotonic() - start, 0.0, False, False,
+                           isolation)
+        out, err, timed_out, over, exited = _communicate(proc, stdin, start + wall_limit_s, output_limit_bytes)
+        _kill_group(proc)
+        _, status_word, usage = exited or os.wait4(proc.pid, 0)
+        proc.returncode = _decode_exit(status_word)
+        return _RawRun(out, err, proc.returncode, time.monotonic() - start, usage.ru_utime + usage.ru_stime,
+                       timed_out, over, isolation)
+    finally:
+        if uid is not None:
+            _kill_uid(uid)  # anything that escaped the process group (setsid daemons) in the fallback
+            _UIDS.release(uid)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def classify(exit_code: int | None, stdout: str, stderr: str, wall_s: float, cpu_s: float, timed_out: bool,
+             over_output: bool, time_limit_s: float, isolation: str) -> RunResult:
+    if exit_code is None:
+        return RunResult("sandbox_error", stdout, stderr, None, wall_s, cpu_s, isolation)
+    status = _status(exit_code, stderr, timed_out, over_output, cpu_s, time_limit_s, isolation)
+    return RunResult(status, stdout, stderr, exit_code, wall_s, cpu_s, isolation)
+
+
+def run_program(source: str, stdin: str = "", *, time_limit_s: float = 10.0, memory_limit_mb: int = 1024,
+                output_limit_bytes: int = 1 << 20) -> RunResult:
+    """Run Python `source` on `stdin` in the sandbox and classify the outcome (see STATUSES)."""
+    raw = sandboxed_python({"main.py": source}, "main.py", stdin.encode(), wall_limit_s=time_limit_s + 0.5,
+                           cpu_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb,
+                           output_limit_bytes=output_limit_bytes)
+    return classify(raw.exit_code, raw.stdout.decode("utf-8", "replace"), raw.stderr.decode("utf-8", "replace"),
+                    raw.wall_s, raw.cpu_s, raw.timed_out, raw.over_output, time_limit_s, raw.isolation)
+
+
+def _decode_exit(status_word: int) -> int:
+    if os.WIFSIGNALED(status_word):
+        return -os.WTERMSIG(status_word)
+    return os.WEXITSTATUS(status_word)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, limit: int
+                 ) -> tuple[bytes, bytes, bool, bool, tuple | None]:
+    """Feed stdin and collect stdout/stderr until the program exits (then drain briefly), the deadline, or more
+    than `limit` bytes of output. Returns (stdout, stderr, timed_out, over_limit, wait4 result or None)."""
+    sel = selectors.DefaultSelector()
+    buffers = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    for stream in buffers:
+        os.set_blocking(stream.fileno(), False)
+        sel.register(stream, selectors.EVENT_READ)
+    pending = memoryview(data)
+    if pending:
+        os.set_blocking(proc.stdin.fileno(), False)
+        sel.register(proc.stdin, selectors.EVENT_WRITE)
+    else:
+        proc.stdin.close()
+    timed_out = over = False
+    exited = None
+    open_streams = 2
+    while open_streams:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = exited is None
+            break
+        for key, _ in sel.select(timeout=min(remaining, 0.05)):
+            stream = key.fileobj
+            if stream is proc.stdin:
+                try:
+                    written = os.write(stream.fileno(), pending[:65536])
+                    pending = pending[written:]
+                except OSError:  # the program closed stdin or exited
+                    pending = pending[:0]
+                if not pending:
+                    sel.unregister(stream)
+                    stream.close()
+                continue
+            chunk = os.read(stream.fileno(), 65536)
+            if not chunk:
+                sel.unregister(stream)
+                open_streams -= 1
+                continue
+            buffers[stream] += chunk
+            if len(buffers[stream]) > limit:
+                over = True
+                open_streams = 0
+                break
+        if exited is None:
+            pid, status_word, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                exited = (pid, status_word, usage)
+                deadline = min(deadline, time.monotonic() + 0.2)  # a leftover child may hold the pipes open
+    sel.close()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if not stream.closed:
+            stream.close()
+    return bytes(buffers[proc.stdout][:limit]), bytes(buffers[proc.stderr][:limit]), timed_out, over, exited

@@ -1,0 +1,106 @@
+"""Run a program on CodeContests-style stdin/stdout tests, or on HumanEval-style assertion tests."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+from typing import Any, Mapping, Sequence
+
+from executor.judge import outputs_match
+from executor.batch import run_program_batch
+from executor.sandbox import run_program
+
+DEFAULT_TIME_LIMIT_S = 10.0  # RLEF's limits
+DEFAULT_MEMORY_LIMIT_MB = 1024
+DEFAULT_OUTPUT_LIMIT = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Test:
+    __test__ = False  # not a pytest class
+    input: str
+    output: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB
+    output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
+
+
+@dataclasses.dataclass
+class TestResult:
+    index: int
+    passed: bool
+    status: str  # sandbox status, or "wrong_answer" for a clean run with the wrong output
+    input: str
+    expected: str
+    actual: str
+    stderr: str
+    wall_s: float
+
+
+def limits_for_problem(problem: Mapping[str, Any], default: Limits = Limits()) -> Limits:
+    """Limits from a CodeContests row (`time_limit` {seconds, nanos}, `memory_limit_bytes`) or the defaults."""
+    time_limit = default.time_limit_s
+    raw = problem.get("time_limit")
+    if isinstance(raw, Mapping) and (raw.get("seconds") or raw.get("nanos")):
+        time_limit = float(raw.get("seconds") or 0) + float(raw.get("nanos") or 0) / 1e9
+    memory = default.memory_limit_mb
+    if problem.get("memory_limit_bytes"):
+        memory = max(64, int(problem["memory_limit_bytes"]) // 2**20)
+    return Limits(time_limit, memory, default.output_limit_bytes)
+
+
+def run_tests(source: str, tests: Sequence[Test], limits: Limits = Limits(), stop_at_first_failure: bool = False
+              ) -> list[TestResult]:
+    """Run `source` on every test (a fresh process each, one sandbox for all); a test passes when the run is
+    `ok` and its stdout matches. With `stop_at_first_failure`, tests run one by one until the first failure."""
+    results: list[TestResult] = []
+    if stop_at_first_failure:
+        runs = (run_program(source, t.input, time_limit_s=limits.time_limit_s, memory_limit_mb=limits.memory_limit_mb,
+                            output_limit_bytes=limits.output_limit_bytes) for t in tests)
+    else:
+        runs = iter(run_program_batch(source, [t.input for t in tests], time_limit_s=limits.time_limit_s,
+                                      memory_limit_mb=limits.memory_limit_mb,
+                                      output_limit_bytes=limits.output_limit_bytes))
+    for index, (test, run) in enumerate(zip(tests, runs)):
+        passed = run.status == "ok" and outputs_match(run.stdout, test.output)
+        status = run.status if run.status != "ok" or passed else "wrong_answer"
+        results.append(TestResult(index, passed, status, test.input, test.output, run.stdout, run.stderr,
+                                  run.wall_s))
+        if stop_at_first_failure and not passed:
+            break
+    return results
+
+
+_ASSERT_HARNESS = '''import sys
+def __rljax_main():
+    token = sys.stdin.readline().strip()
+    namespace = {"__name__": "__main__"}
+    exec(compile(%(candidate)s, "solution.py", "exec"), namespace)
+    exec(compile(%(tests)s, "tests.py", "exec"), namespace)
+    %(call)s
+    sys.stdout.write("\\n" + token + "\\n")
+__rljax_main()
+'''
+
+
+def run_assert_tests(source: str, test_code: str, entry_point: str | None = None, limits: Limits = Limits()
+                     ) -> TestResult:
+    """HumanEval style: run the solution, then `test_code` (and `check(entry_point)` when given).
+
+    It passes only when the harness reaches its end and prints a per-run random token read from stdin, so a
+    solution that exits early with status 0 (`sys.exit(0)`, `os._exit(0)`) does not fake a pass.
+    """
+    token = secrets.token_hex(16)
+    call = f"namespace['check'](namespace[{entry_point!r}])" if entry_point else "pass"
+    program = _ASSERT_HARNESS % {"candidate": json.dumps(source), "tests": json.dumps(test_code), "call": call}
+    run = run_program(program, token + "\n", time_limit_s=limits.time_limit_s,
+                      memory_limit_mb=limits.memory_limit_mb, output_limit_bytes=limits.output_limit_bytes)
+    finished = run.stdout.rstrip("\n").endswith("\n" + token) or run.stdout.strip() == token
+    passed = run.status == "ok" and finished
+    status = run.status if run.status != "ok" or passed else "wrong_answer"
+    actual = run.stdout.replace(token, "").rstrip("\n")
+    return TestResult(0, passed, status, test_code, "", actual, run.stderr, run.wall_s)

@@ -1,0 +1,149 @@
+"""Attack suite: each attack through the public API, then the host is checked and the next run must work."""
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from executor import run_program, run_tests, Test
+from executor.batch import run_program_batch
+from executor.sandbox import UID_BASE, UID_COUNT, isolation_mode
+
+REPO = Path(__file__).resolve().parents[1]
+needs_bwrap = pytest.mark.skipif(isolation_mode() != "bwrap", reason="bubblewrap not installed: "
+                                 "filesystem/network isolation is only promised with bwrap")
+
+
+def _sandbox_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "uid=,pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()
+            if line.split() and UID_BASE <= int(line.split()[0]) < UID_BASE + UID_COUNT or "rljax-run-" in line]
+
+
+def _host_is_clean() -> None:
+    deadline = time.time() + 3  # a just-killed tree may take a moment to be reaped
+    while _sandbox_processes() and time.time() < deadline:
+        time.sleep(0.05)
+    assert _sandbox_processes() == []
+    assert run_program("print(6 * 7)", time_limit_s=5).stdout == "42\n"  # the next run works
+
+
+def run(source, stdin="", **kw):
+    kw.setdefault("time_limit_s", 2)
+    kw.setdefault("memory_limit_mb", 512)
+    result = run_program(source, stdin, **kw)
+    batch = run_program_batch(source, [stdin], **kw)[0]  # the same attack inside the batch harness
+    _host_is_clean()
+    return result, batch
+
+
+@pytest.mark.parametrize("name,source,status", [
+    ("fork_bomb", "import os\nwhile True:\n    os.fork()", "runtime_error"),
+    ("memory_bomb", "x = []\nwhile True:\n    x.append(' ' * 10**7)", "memory_limit"),
+    ("infinite_loop", "while True:\n    pass", "timeout"),
+    ("sleep_forever", "import time\ntime.sleep(10**6)", "timeout"),
+    ("ignores_sigterm", "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)",
+     "timeout"),
+    ("huge_stdout", "import sys\nsys.stdout.write('x' * 100_000_000)", "output_limit"),
+    ("deep_recursion", "def f(n):\n    return f(n + 1)\nf(0)", "runtime_error"),
+    ("exception", "raise ValueError('boom')", "runtime_error"),
+])
+def test_attack_gets_right_status_and_leaves_nothing(name, source, status):
+    for result in run(source):
+        assert result.status == status, (name, result)
+
+
+def test_setsid_double_fork_daemon_does_not_outlive_the_run(tmp_path):
+    marker = tmp_path / "alive"
+    source = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+              f"        time.sleep(1.5)\n        open({str(marker)!r}, 'w').write('x')\n    os._exit(0)\nprint('done')")
+    single, batch = run(source)
+    assert single.stdout == "done\n" and batch.stdout == "done\n"
+    time.sleep(2)
+    assert not marker.exists()
+    assert _sandbox_processes() == []
+
+
+def test_killing_the_parent_does_not_hurt_the_host():
+    single, batch = run("import os\nos.kill(os.getppid(), 9)\nos.kill(1, 9)\nprint('still here')")
+    assert single.status in ("ok", "runtime_error") and batch.status in ("ok", "runtime_error")
+
+
+def test_reading_stdin_when_none_is_given_sees_eof():
+    single, batch = run("import sys\nprint(len(sys.stdin.read()))")
+    assert single.stdout == "0\n" and batch.stdout == "0\n"
+
+
+def test_exit_zero_before_printing_fails_the_test():
+    results = run_tests("import sys\nsys.exit(0)\nprint(3)", [Test("1 2\n", "3\n")])
+    assert not results[0].passed and results[0].status == "wrong_answer"
+
+
+@needs_bwrap
+def test_environment_and_home_are_not_visible():
+    os.environ["RLJAX_SECRET_FOR_TEST"] = "hunter2"
+    try:
+        single, batch = run("import os\nprint(dict(os.environ))\nprint(os.listdir('/root') if os.path.exists('/root') "
+                            "else 'no home')\nprint(open('/proc/1/environ').read() if os.path.exists('/proc/1/environ')"
+                            " else '')")
+    finally:
+        del os.environ["RLJAX_SECRET_FOR_TEST"]
+    for result in (single, batch):
+        assert "hunter2" not in result.stdout and "RLJAX_SECRET" not in result.stdout
+        assert str(REPO) not in result.stdout
+
+
+@needs_bwrap
+def test_files_outside_scratch_cannot_be_written_or_deleted(tmp_path):
+    victim = REPO / "setup.py"
+    before = victim.read_bytes()
+    outside = tmp_path / "planted"
+    source = (f"import os\nfor path in [{str(victim)!r}, {str(outside)!r}, '/tmp/../etc/planted', '/usr/planted']:\n"
+              "    try:\n        open(path, 'w').write('pwned')\n        print('wrote', path)\n"
+              "    except OSError as e:\n        print('blocked', type(e).__name__)\n"
+              f"try:\n    os.remove({str(victim)!r})\n    print('deleted')\nexcept OSError:\n    print('blocked')\n"
+              "open('scratch.txt', 'w').write('fine')\nprint(open('scratch.txt').read())")
+    single, batch = run(source)
+    for result in (single, batch):
+        assert "wrote" not in result.stdout and "deleted" not in result.stdout
+        assert result.stdout.rstrip().endswith("fine")
+    assert victim.read_bytes() == before and not outside.exists() and not Path("/usr/planted").exists()
+
+
+@needs_bwrap
+def test_no_network_even_to_a_localhost_listener():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    accepted = []
+    server.settimeout(3)
+    thread = threading.Thread(target=lambda: accepted.append(_accept(server)))
+    thread.start()
+    single, batch = run(f"import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', {port}))\n"
+                        "print('connected')")
+    thread.join()
+    server.close()
+    assert accepted == [None]
+    for result in (single, batch):
+        assert result.status == "runtime_error" and "connected" not in result.stdout
+
+
+def _accept(server):
+    try:
+        return server.accept()
+    except OSError:
+        return None
+
+
+def test_rlimits_fallback_is_reported_and_still_kills(monkeypatch):
+    monkeypatch.setenv("RLJAX_SANDBOX", "rlimits")
+    result = run_program("print('hi')", time_limit_s=2)
+    assert result.status == "ok" and result.isolation == "rlimits"
+    assert run_program("while True: pass", time_limit_s=1).status == "timeout"
+    assert run_program("x = ' ' * 2**32", memory_limit_mb=256).status == "memory_limit"
+    monkeypatch.delenv("RLJAX_SANDBOX")
+    _host_is_clean()

@@ -197,7 +197,8 @@ def sandboxed_python(files: dict[str, str], script: str, stdin: bytes, *, wall_l
                        timed_out, over, isolation)
     finally:
         if uid is not None:
-            _kill_uid(uid)  # anything that escaped the process group (setsid daemons) in the fallback
+            if isolation == "rlimits":  # bwrap's PID namespace already took every process of the run with it
+                _kill_uid(uid)  # anything that escaped the process group (setsid daemons)
             _UIDS.release(uid)
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -56,12 +56,8 @@ for data in inputs:
             code = code or 120
         os._exit(code)
     os.close(fds[0][0]); os.close(fds[1][1]); os.close(fds[2][1])
-    try:
-        os.write(fds[0][1], data[:65536]) if len(data) <= 65536 else None
-    except OSError:
-        pass
-    writer = fds[0][1]
-    pending = data[65536:] if len(data) > 65536 else b""
+    writer, pending = fds[0][1], data
+    os.set_blocking(writer, False)
     if not pending:
         os.close(writer); writer = None
     bufs = {fds[1][0]: bytearray(), fds[2][0]: bytearray()}
@@ -79,7 +75,9 @@ for data in inputs:
         if writable:
             try:
                 n = os.write(writer, pending[:65536]); pending = pending[n:]
-            except OSError:
+            except BlockingIOError:
+                pass
+            except OSError:  # the child closed stdin or exited
                 pending = b""
             if not pending:
                 os.close(writer); writer = None

@@ -263,6 +263,8 @@ def _communicate(proc: subprocess.Popen, data: bytes, deadline: float, limit: in
                 try:
                     written = os.write(stream.fileno(), pending[:65536])
                     pending = pending[written:]
+                except BlockingIOError:
+                    continue
                 except OSError:  # the program closed stdin or exited
                     pending = pending[:0]
                 if not pending:

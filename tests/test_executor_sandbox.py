@@ -147,3 +147,10 @@ def test_rlimits_fallback_is_reported_and_still_kills(monkeypatch):
     assert run_program("x = ' ' * 2**32", memory_limit_mb=256).status == "memory_limit"
     monkeypatch.delenv("RLJAX_SANDBOX")
     _host_is_clean()
+
+
+def test_large_stdin_arrives_whole_in_both_runners():
+    text = "".join(f"{i}\n" for i in range(60_000))  # ~350 KB, several pipe buffers
+    source = "import sys\ndata = sys.stdin.read()\nprint(len(data), data.count('\\n'))"
+    single, batch = run(source, text, time_limit_s=5)
+    assert single.stdout == batch.stdout == f"{len(text)} 60000\n"

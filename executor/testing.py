@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from executor.judge import outputs_match
 from executor.batch import run_program_batch
-from executor.sandbox import run_program
+from executor.sandbox import RunResult, run_program
 
 DEFAULT_TIME_LIMIT_S = 10.0  # RLEF's limits
 DEFAULT_MEMORY_LIMIT_MB = 1024
@@ -27,6 +27,10 @@ class Limits:
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB
     output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT
+
+    def run_kwargs(self) -> dict[str, float | int]:
+        """The keyword arguments of `run_program` / `run_program_batch`."""
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -59,17 +63,13 @@ def run_tests(source: str, tests: Sequence[Test], limits: Limits = Limits(), sto
     `ok` and its stdout matches. With `stop_at_first_failure`, tests run one by one until the first failure."""
     results: list[TestResult] = []
     if stop_at_first_failure:
-        runs = (run_program(source, t.input, time_limit_s=limits.time_limit_s, memory_limit_mb=limits.memory_limit_mb,
-                            output_limit_bytes=limits.output_limit_bytes) for t in tests)
+        runs = (run_program(source, t.input, **limits.run_kwargs()) for t in tests)
     else:
-        runs = iter(run_program_batch(source, [t.input for t in tests], time_limit_s=limits.time_limit_s,
-                                      memory_limit_mb=limits.memory_limit_mb,
-                                      output_limit_bytes=limits.output_limit_bytes))
+        runs = iter(run_program_batch(source, [t.input for t in tests], **limits.run_kwargs()))
     for index, (test, run) in enumerate(zip(tests, runs)):
         passed = run.status == "ok" and outputs_match(run.stdout, test.output)
-        status = run.status if run.status != "ok" or passed else "wrong_answer"
-        results.append(TestResult(index, passed, status, test.input, test.output, run.stdout, run.stderr,
-                                  run.wall_s))
+        results.append(TestResult(index, passed, _status(run, passed), test.input, test.output, run.stdout,
+                                  run.stderr, run.wall_s))
         if stop_at_first_failure and not passed:
             break
     return results
@@ -97,10 +97,13 @@ def run_assert_tests(source: str, test_code: str, entry_point: str | None = None
     token = secrets.token_hex(16)
     call = f"namespace['check'](namespace[{entry_point!r}])" if entry_point else "pass"
     program = _ASSERT_HARNESS % {"candidate": json.dumps(source), "tests": json.dumps(test_code), "call": call}
-    run = run_program(program, token + "\n", time_limit_s=limits.time_limit_s,
-                      memory_limit_mb=limits.memory_limit_mb, output_limit_bytes=limits.output_limit_bytes)
+    run = run_program(program, token + "\n", **limits.run_kwargs())
     finished = run.stdout.rstrip("\n").endswith("\n" + token) or run.stdout.strip() == token
     passed = run.status == "ok" and finished
-    status = run.status if run.status != "ok" or passed else "wrong_answer"
     actual = run.stdout.replace(token, "").rstrip("\n")
-    return TestResult(0, passed, status, test_code, "", actual, run.stderr, run.wall_s)
+    return TestResult(0, passed, _status(run, passed), test_code, "", actual, run.stderr, run.wall_s)
+
+
+def _status(run: RunResult, passed: bool) -> str:
+    """The sandbox status, or "wrong_answer" for a clean run that did not pass."""
+    return run.status if run.status != "ok" or passed else "wrong_answer"

@@ -93,30 +93,37 @@ class KVCache:
 
 
 def _attention(cfg: LlamaConfig, x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array,
-               allowed_bts: jax.Array, inv_freq: np.ndarray, cache_kv: tuple[jax.Array, jax.Array] | None,
-               write_index: jax.Array | None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+               allowed_new_btt: jax.Array, inv_freq: np.ndarray,
+               cached: tuple[jax.Array, jax.Array, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Self-attention of one layer over the cached keys (read only) and the T new tokens' own keys.
+
+    cached = (k_bskh, v_bskh, allowed_old_bts) of this layer, or None without a cache. The two score blocks share
+    one softmax. Returns the output and the new keys/values, which the caller writes into the cache once for
+    all layers (so the cache is never copied per layer).
+    """
     dt = x_btd.dtype
     q_btnh = apply_rope(jnp.einsum("btd,dnh->btnh", x_btd, p["q_dnh"].astype(dt)), positions_bt, inv_freq)
     k_btkh = apply_rope(jnp.einsum("btd,dkh->btkh", x_btd, p["k_dkh"].astype(dt)), positions_bt, inv_freq)
     v_btkh = jnp.einsum("btd,dkh->btkh", x_btd, p["v_dkh"].astype(dt))
-    new_cache = None
-    if cache_kv is not None:
-        k_cache, v_cache = cache_kv
-        k_bskh = jax.lax.dynamic_update_slice(k_cache, k_btkh.astype(k_cache.dtype), (0, write_index, 0, 0))
-        v_bskh = jax.lax.dynamic_update_slice(v_cache, v_btkh.astype(v_cache.dtype), (0, write_index, 0, 0))
-        new_cache = (k_bskh, v_bskh)
-        k_bskh, v_bskh = k_bskh.astype(dt), v_bskh.astype(dt)
-    else:
-        k_bskh, v_bskh = k_btkh, v_btkh
     b, t, n, h = q_btnh.shape
     kv = cfg.num_kv_heads
     q_btkgh = q_btnh.reshape(b, t, kv, n // kv, h)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh, preferred_element_type=jnp.float32)
-    scores = jnp.where(allowed_bts[:, None, None], scores * (h ** -0.5), _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out_btnh = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh).reshape(b, t, n, h)
-    out_btnh = constrain(out_btnh, ("batch", "length", "heads", "head_dim"))
-    return jnp.einsum("btnh,nhd->btd", out_btnh, p["o_nhd"].astype(dt)), new_cache
+    scale = h ** -0.5
+    scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_btkh, preferred_element_type=jnp.float32)
+    scores = jnp.where(allowed_new_btt[:, None, None], scores * scale, _MASKED)
+    if cached is not None:
+        k_bskh, v_bskh, allowed_old_bts = cached
+        old = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh.astype(dt), preferred_element_type=jnp.float32)
+        old = jnp.where(allowed_old_bts[:, None, None], old * scale, _MASKED)
+        probs = jax.nn.softmax(jnp.concatenate([old, scores], axis=-1), axis=-1).astype(dt)
+        s = old.shape[-1]
+        out_btkgh = (jnp.einsum("bkgts,bskh->btkgh", probs[..., :s], v_bskh.astype(dt))
+                     + jnp.einsum("bkgts,bskh->btkgh", probs[..., s:], v_btkh))
+    else:
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs, v_btkh)
+    out_btnh = constrain(out_btkgh.reshape(b, t, n, h), ("batch", "length", "heads", "head_dim"))
+    return jnp.einsum("btnh,nhd->btd", out_btnh, p["o_nhd"].astype(dt)), k_btkh, v_btkh
 
 
 def _mlp(x_btd: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
@@ -141,19 +148,21 @@ class DecoderStack(nnx.Module):
                 value = init(rngs.params(), shape, config.param_dtype)
             setattr(self, name, nnx.Param(value, axes=("layers",) + axes))
 
-    def __call__(self, h_btd: jax.Array, positions_bt: jax.Array, allowed_bts: jax.Array,
-                 cache: KVCache | None) -> tuple[jax.Array, KVCache | None]:
+    def __call__(self, h_btd: jax.Array, positions_bt: jax.Array, allowed_new_btt: jax.Array,
+                 cache: KVCache | None, new_valid_bt: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         cfg = self.config
         inv_freq = rope_inv_freq(cfg)
         params = {name: getattr(self, name)[...] for name in LAYER_PARAMS}
-        write_index = cache.index if cache is not None else None
+        allowed_old_bts = cache.valid_bs[:, None, :] if cache is not None else None
 
         def layer(h, xs):
-            p, cache_kv = xs
-            attn, new_kv = _attention(cfg, rms_norm(h, p["attn_norm_d"], cfg.rms_norm_eps), p, positions_bt,
-                                      allowed_bts, inv_freq, cache_kv, write_index)
+            p, cached_kv = xs
+            cached = None if cached_kv is None else (*cached_kv, allowed_old_bts)
+            attn, k_new, v_new = _attention(cfg, rms_norm(h, p["attn_norm_d"], cfg.rms_norm_eps), p, positions_bt,
+                                            allowed_new_btt, inv_freq, cached)
             h = h + attn
             h = h + _mlp(rms_norm(h, p["mlp_norm_d"], cfg.rms_norm_eps), p)
+            new_kv = None if cache is None else (k_new, v_new)
             return constrain(h, ("batch", "length", "act_embed")), new_kv
 
         if cfg.remat == "full":
@@ -164,8 +173,13 @@ class DecoderStack(nnx.Module):
         h_btd, new_kv = jax.lax.scan(layer, h_btd, (params, cache_xs))
         if cache is None:
             return h_btd, None
+        # one in-place write of all layers' new keys/values at slots [index, index + T)
+        start = (0, 0, cache.index, 0, 0)
+        k_all = jax.lax.dynamic_update_slice(cache.k_lbskh, new_kv[0].astype(cache.k_lbskh.dtype), start)
+        v_all = jax.lax.dynamic_update_slice(cache.v_lbskh, new_kv[1].astype(cache.v_lbskh.dtype), start)
+        valid = jax.lax.dynamic_update_slice(cache.valid_bs, new_valid_bt, (0, cache.index))
         t = h_btd.shape[1]
-        return h_btd, cache.replace(k_lbskh=new_kv[0], v_lbskh=new_kv[1], index=cache.index + t)
+        return h_btd, KVCache(k_all, v_all, valid, cache.index + t)
 
 
 class Llama(nnx.Module):
@@ -195,18 +209,10 @@ class Llama(nnx.Module):
             if cache is not None:
                 raise ValueError("Llama.hidden_states: positions_bt is required when a KV cache is given")
             positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=-1) - 1, 0)
-        if cache is None:
-            q_slot, k_slot, key_valid_bs = jnp.arange(t), jnp.arange(t), mask_bt
-        else:
-            q_slot = cache.index + jnp.arange(t)
-            k_slot = jnp.arange(cache.length)
-            key_valid_bs = jax.lax.dynamic_update_slice(cache.valid_bs, mask_bt, (0, cache.index))
-        allowed_bts = (k_slot[None, None, :] <= q_slot[None, :, None]) & key_valid_bs[:, None, :]
+        allowed_new_btt = jnp.tril(jnp.ones((t, t), bool))[None] & mask_bt[:, None, :]
         dt = jnp.dtype(self.config.dtype)
         h_btd = constrain(jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(dt), ("batch", "length", "act_embed"))
-        h_btd, cache = self.layers(h_btd, positions_bt, allowed_bts, cache)
-        if cache is not None:
-            cache = cache.replace(valid_bs=key_valid_bs)
+        h_btd, cache = self.layers(h_btd, positions_bt, allowed_new_btt, cache, mask_bt)
         return rms_norm(h_btd, self.final_norm_d[...], self.config.rms_norm_eps), cache
 
     def logits(self, h_btd: jax.Array) -> jax.Array:

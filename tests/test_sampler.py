@@ -1,0 +1,234 @@
+"""models.sampler: greedy parity with transformers, a sampled distribution that matches the computed one,
+logprobs equal to a teacher-forced pass, continuation from cache equal to re-prefill, stop handling, errors."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+
+import models
+from models import Llama, LlamaConfig
+from models.sampler import Sampler, SamplingParams
+from tests.conftest import REPO, hf_tiny_llama, random_ids
+
+
+class CharTokenizer:
+    """Token i decodes to one letter, so stop strings can be placed exactly in a random model's output."""
+
+    def decode(self, ids, skip_special=False):
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Llama(LlamaConfig.preset("tiny"), rngs=nnx.Rngs(0))
+
+
+def _prompts(seed, lengths, vocab):
+    rng = np.random.RandomState(seed)
+    return [rng.randint(1, vocab, n).tolist() for n in lengths]
+
+
+def test_greedy_batch_with_mixed_prompt_lengths_matches_transformers(tmp_path):
+    hf_dir, hf_model = hf_tiny_llama(tmp_path, vocab_size=301)
+    model = models.from_hf(hf_dir)
+    prompts = _prompts(0, (5, 17, 11, 2), 301)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        ref = hf_model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=0,
+                                eos_token_id=None)[:, width:].tolist()
+    completions, _ = Sampler(model).generate(prompts, SamplingParams(max_new_tokens=24, temperature=0.0),
+                                             jax.random.key(0))
+    assert [c.token_ids for c in completions] == ref
+    assert all(c.finish_reason == "length" for c in completions)
+    # an end-of-turn id taken from the middle of row 1's answer stops that row there, and only rows that emit it
+    eos = ref[1][9]
+    completions, _ = Sampler(model).generate(
+        prompts, SamplingParams(max_new_tokens=24, temperature=0.0, stop_ids=(eos,)), jax.random.key(0))
+    for row, completion in zip(ref, completions):
+        expected = row[:row.index(eos) + 1] if eos in row else row
+        assert completion.token_ids == expected
+        assert completion.finish_reason == ("eos" if eos in row else "length")
+
+
+def _expected_distribution(logits, temperature, top_p, top_k):
+    """softmax(logits / T), cut to the top_k most likely, renormalised, then cut to the smallest most-probable
+    set with mass >= top_p (HF's order of warpers), renormalised. Also returns the uncut softmax."""
+    full = np.exp((logits - logits.max()) / temperature)
+    full /= full.sum()
+    order = np.argsort(-full, kind="stable")
+    probs = full.copy()
+    if top_k:
+        probs[order[top_k:]] = 0
+        probs /= probs.sum()
+    mass_before = np.cumsum(probs[order]) - probs[order]
+    keep = order[mass_before < top_p]
+    out = np.zeros_like(probs)
+    out[keep] = probs[keep]
+    return out / out.sum(), full
+
+
+def _chi_square_critical(df, z=3.09):  # Wilson-Hilferty approximation of the 0.999 quantile
+    return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("vocab,scale,temperature,top_p,top_k", [
+    (64, 8.0, 1.0, 1.0, 0),  # plain temperature sampling
+    (64, 8.0, 0.7, 0.8, 0),  # nucleus found among the top candidates
+    (64, 8.0, 1.0, 0.9, 10),  # top-k, then top-p of the renormalised rest
+    (1024, 1.0, 1.0, 0.9, 0),  # a flat distribution: the top 256 hold < 0.9, the exact full search runs
+])
+def test_sampled_next_token_frequencies_match_the_computed_distribution(vocab, scale, temperature, top_p, top_k):
+    cfg = LlamaConfig.preset("tiny", vocab_size=vocab)
+    model = Llama(cfg, rngs=nnx.Rngs(1))
+    model.lm_head_dv[...] = model.lm_head_dv[...] * scale  # scale 8: a peaked, non-uniform distribution
+    prompt = [3, 9, 27, 17]
+    logits = np.asarray(model(jnp.asarray([prompt]))[0][0, -1], np.float64)
+    expected, full = _expected_distribution(logits, temperature, top_p, top_k)
+    if vocab > 256:
+        assert np.sort(full)[::-1][:256].sum() < top_p  # really exercises the full-vocabulary path
+    n = 4096
+    sampler = Sampler(model, length_bucket=4)
+    sampling = SamplingParams(max_new_tokens=1, temperature=temperature, top_p=top_p, top_k=top_k)
+    completions, _ = sampler.generate([prompt] * n, sampling, jax.random.key(7))
+    tokens = np.array([c.token_ids[0] for c in completions])
+    counts = np.bincount(tokens, minlength=cfg.vocab_size)
+    assert counts[expected == 0].sum() == 0  # nothing outside the nucleus
+    support = expected > 0
+    assert support.sum() >= 5  # the test is not degenerate
+    big = support & (expected * n >= 5)
+    observed = np.append(counts[big], counts[support & ~big].sum())
+    predicted = np.append(expected[big] * n, expected[support & ~big].sum() * n)
+    observed, predicted = observed[predicted > 0], predicted[predicted > 0]
+    chi2 = ((observed - predicted) ** 2 / predicted).sum()
+    assert chi2 < _chi_square_critical(len(observed) - 1), (chi2, len(observed))
+    # the reported logprob is log softmax(logits / T) over the full vocabulary, before the nucleus cut
+    logprobs = np.array([c.logprobs[0] for c in completions])
+    np.testing.assert_allclose(logprobs, np.log(full[tokens]), atol=1e-4)
+
+
+def test_logprobs_equal_a_teacher_forced_pass_over_the_sampled_tokens(tiny):
+    prompts = _prompts(1, (6, 13, 3), 512)
+    temperature = 0.7
+    sampling = SamplingParams(max_new_tokens=20, temperature=temperature, top_p=0.9, top_k=40)
+    completions, _ = Sampler(tiny).generate(prompts, sampling, jax.random.key(3))
+    for prompt, completion in zip(prompts, completions):
+        full = prompt + completion.token_ids
+        logits, _ = tiny(jnp.asarray([full]))
+        logp = jax.nn.log_softmax(logits[0] / temperature, axis=-1)
+        positions = np.arange(len(prompt) - 1, len(full) - 1)
+        ref = np.asarray(logp[positions, np.asarray(completion.token_ids)])
+        assert len(completion.token_ids) == 20
+        np.testing.assert_allclose(completion.logprobs, ref, atol=1e-4)
+
+
+def test_same_key_same_tokens_other_key_other_tokens(tiny):
+    prompts = _prompts(2, (4, 9), 512)
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
+    sampler = Sampler(tiny)
+    first = [c.token_ids for c in sampler.generate(prompts, sampling, jax.random.key(11))[0]]
+    again = [c.token_ids for c in sampler.generate(prompts, sampling, jax.random.key(11))[0]]
+    other = [c.token_ids for c in sampler.generate(prompts, sampling, jax.random.key(12))[0]]
+    assert first == again and first != other
+
+
+def test_top_k_one_is_greedy(tiny):
+    prompts = _prompts(3, (5, 8), 512)
+    greedy = Sampler(tiny).generate(prompts, SamplingParams(max_new_tokens=10, temperature=0.0), jax.random.key(0))
+    top1 = Sampler(tiny).generate(prompts, SamplingParams(max_new_tokens=10, temperature=1.3, top_k=1),
+                                  jax.random.key(5))
+    assert [c.token_ids for c in greedy[0]] == [c.token_ids for c in top1[0]]
+
+
+def test_continuing_from_the_cache_equals_reprefilling_the_dialog(tiny):
+    prompts = _prompts(4, (7, 3, 12), 512)
+    sampler = Sampler(tiny, length_bucket=8)
+    turn = SamplingParams(max_new_tokens=10, temperature=0.0)
+    first, state = sampler.generate(prompts, turn, jax.random.key(0), cache_capacity=96)
+    eos = first[0].token_ids[4]  # turn 2 stops on this id: rows that emit it end early, keeping it pending
+    feedback = [[5, 6, 7], None, [9]]
+    second, state = sampler.extend(state, feedback, SamplingParams(max_new_tokens=8, temperature=0.0,
+                                                                   stop_ids=(eos,)), jax.random.key(1))
+    assert second[1] is None
+    third, _ = sampler.extend(state, [[21], [22, 23], [24, 25, 26, 27]], turn, jax.random.key(2))
+    dialogs = [list(p) for p in prompts]
+    for b in range(3):
+        dialogs[b] += first[b].token_ids
+        if feedback[b] is not None:
+            dialogs[b] += feedback[b] + second[b].token_ids
+    dialogs = [d + extra for d, extra in zip(dialogs, [[21], [22, 23], [24, 25, 26, 27]])]
+    fresh, _ = Sampler(tiny, length_bucket=8).generate(dialogs, turn, jax.random.key(0))
+    assert [c.token_ids for c in third] == [c.token_ids for c in fresh]
+    assert second[0].finish_reason == "eos" and second[0].token_ids[-1] == eos
+
+
+def test_stop_string_cuts_at_the_completing_token_and_continuation_forgets_the_rest(tiny):
+    prompts = _prompts(5, (6, 9), 512)
+    tok = CharTokenizer()
+    sampler = Sampler(tiny, tok, length_bucket=8)
+    plain, _ = sampler.generate(prompts, SamplingParams(max_new_tokens=30, temperature=0.0), jax.random.key(0))
+    stop = plain[0].text[12:15]  # completes at token 14 of row 0 (or earlier, if it occurs before)
+    first_end = plain[0].text.find(stop) + len(stop)
+    sampling = SamplingParams(max_new_tokens=30, temperature=0.0, stop_strings=(stop,), stop_check_every=4)
+    cut, state = sampler.generate(prompts, sampling, jax.random.key(0), cache_capacity=80)
+    assert cut[0].token_ids == plain[0].token_ids[:first_end] and cut[0].finish_reason == "stop"
+    assert cut[0].text.endswith(stop) and len(cut[0].logprobs) == first_end
+    row1_end = plain[1].text.find(stop)
+    expected_row1 = plain[1].token_ids if row1_end < 0 else plain[1].token_ids[:row1_end + len(stop)]
+    assert cut[1].token_ids == expected_row1
+    more, _ = sampler.extend(state, [[1, 2], [3]], SamplingParams(max_new_tokens=6, temperature=0.0),
+                             jax.random.key(0))
+    dialogs = [prompts[0] + cut[0].token_ids + [1, 2], prompts[1] + cut[1].token_ids + [3]]
+    fresh, _ = Sampler(tiny, length_bucket=8).generate(dialogs, SamplingParams(max_new_tokens=6, temperature=0.0),
+                                                       jax.random.key(0))
+    assert [c.token_ids for c in more] == [c.token_ids for c in fresh]
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: SamplingParams(max_new_tokens=0), "max_new_tokens must be a positive int"),
+    (lambda: SamplingParams(max_new_tokens=-3), "max_new_tokens must be a positive int"),
+    (lambda: SamplingParams(max_new_tokens=4, top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (lambda: SamplingParams(max_new_tokens=4, top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (lambda: SamplingParams(max_new_tokens=4, temperature=-1.0), "temperature must be >= 0"),
+    (lambda: SamplingParams(max_new_tokens=4, top_k=-1), "top_k must be an int >= 0"),
+])
+def test_bad_sampling_params_fail_with_one_clear_line(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_bad_prompts_fail_with_one_clear_line(tiny):
+    sampler = Sampler(tiny)
+    sampling = SamplingParams(max_new_tokens=8)
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        sampler.generate([[1, 2], []], sampling, key)
+    with pytest.raises(ValueError, match="no prompts given"):
+        sampler.generate([], sampling, key)
+    with pytest.raises(ValueError, match=r"needs 108 cache slots, but the cache holds 64"):
+        sampler.generate([list(range(1, 101))], sampling, key, cache_capacity=64)
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 512\)"):
+        sampler.generate([[1, 600]], sampling, key)
+    _, state = sampler.generate([[1, 2, 3]], sampling, key, cache_capacity=72)
+    with pytest.raises(ValueError, match="pass a larger cache_capacity"):
+        sampler.extend(state, [list(range(1, 70))], sampling, key)
+
+
+def test_eight_device_mesh_gives_the_same_greedy_tokens():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "_sampler_mesh_check.py")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["devices"] == 8 and result["cache_devices"] == 8
+    assert result["single"] == result["sharded"]
+    assert result["single_continued"] == result["sharded_continued"]

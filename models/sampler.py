@@ -191,14 +191,12 @@ def _record(state: SamplerState, token_b: jax.Array, logprob_b: jax.Array, stati
                          count_b=count, done_b=done)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "static", "capacity", "mesh_rules"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules"), donate_argnames=("cache",))
 def _prefill(graphdef: nnx.GraphDef, params: nnx.State, cache: KVCache, tokens_bt: jax.Array, mask_bt: jax.Array,
              start_position_b: jax.Array, active_b: jax.Array, last_b: jax.Array, key: jax.Array,
-             temperature: jax.Array, top_p: jax.Array, static: _Static, capacity: int, mesh_rules: Any
-             ) -> SamplerState:
+             temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any) -> SamplerState:
     """Write the (left-padded) new tokens into the cache and sample the first new token of each active
     sequence; inactive ones keep their pending token and position."""
-    del capacity  # part of the compile key only
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         positions = start_position_b[:, None] + jnp.maximum(jnp.cumsum(mask_bt, axis=-1) - 1, 0)
@@ -385,7 +383,7 @@ class Sampler:
         inputs = self._place((jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(start_positions, jnp.int32),
                               jnp.asarray(active), jnp.asarray(last, jnp.int32)))
         return _prefill(graphdef, params, cache, *inputs, key, temperature, top_p, static=self._static(sampling),
-                        capacity=cache.length, mesh_rules=self._mesh_rules)
+                        mesh_rules=self._mesh_rules)
 
     def _run(self, state: SamplerState, sampling: SamplingParams, key: jax.Array
              ) -> tuple[list[Completion], SamplerState]:

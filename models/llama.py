@@ -149,7 +149,7 @@ class DecoderStack(nnx.Module):
             setattr(self, name, nnx.Param(value, axes=("layers",) + axes))
 
     def __call__(self, h_btd: jax.Array, positions_bt: jax.Array, allowed_new_btt: jax.Array,
-                 cache: KVCache | None, new_valid_bt: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+                 cache: KVCache | None, mask_bt: jax.Array) -> tuple[jax.Array, KVCache | None]:
         cfg = self.config
         inv_freq = rope_inv_freq(cfg)
         params = {name: getattr(self, name)[...] for name in LAYER_PARAMS}
@@ -177,7 +177,7 @@ class DecoderStack(nnx.Module):
         start = (0, 0, cache.index, 0, 0)
         k_all = jax.lax.dynamic_update_slice(cache.k_lbskh, new_kv[0].astype(cache.k_lbskh.dtype), start)
         v_all = jax.lax.dynamic_update_slice(cache.v_lbskh, new_kv[1].astype(cache.v_lbskh.dtype), start)
-        valid = jax.lax.dynamic_update_slice(cache.valid_bs, new_valid_bt, (0, cache.index))
+        valid = jax.lax.dynamic_update_slice(cache.valid_bs, mask_bt, (0, cache.index))
         t = h_btd.shape[1]
         return h_btd, KVCache(k_all, v_all, valid, cache.index + t)
 

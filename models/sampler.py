@@ -94,8 +94,7 @@ class SamplerState:
     count_b: jax.Array  # int32: tokens generated in the current call
     tokens_bn: jax.Array  # int32 [B, max_new]
     logprobs_bn: jax.Array  # float32 [B, max_new]
-    step: jax.Array  # int32 scalar: decode iterations run in the current call
-    base_slot: jax.Array  # int32 scalar: cache slot of generated token 0 of the current call
+    step: jax.Array  # int32 scalar: decode iterations run in the current call (one cache slot each)
 
     @property
     def batch_size(self) -> int:
@@ -200,7 +199,6 @@ def _prefill(graphdef: nnx.GraphDef, params: nnx.State, cache: KVCache, tokens_b
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         positions = start_position_b[:, None] + jnp.maximum(jnp.cumsum(mask_bt, axis=-1) - 1, 0)
-        base_slot = cache.index + tokens_bt.shape[1]
         h_btd, cache = model.hidden_states(tokens_bt, positions, mask_bt, cache)
         cache = _constrain_cache(cache)
         logits = model.logits(h_btd[:, -1:])[:, 0]
@@ -209,8 +207,7 @@ def _prefill(graphdef: nnx.GraphDef, params: nnx.State, cache: KVCache, tokens_b
             cache=cache, last_b=last_b, position_b=jnp.where(active_b, positions[:, -1] + 1, start_position_b),
             done_b=~active_b, count_b=jnp.zeros((batch,), jnp.int32),
             tokens_bn=jnp.zeros((batch, static.max_new), jnp.int32),
-            logprobs_bn=jnp.zeros((batch, static.max_new), jnp.float32), step=jnp.zeros((), jnp.int32),
-            base_slot=base_slot)
+            logprobs_bn=jnp.zeros((batch, static.max_new), jnp.float32), step=jnp.zeros((), jnp.int32))
         token, logprob = _pick(logits, jax.random.fold_in(key, 0), temperature, top_p, static)
         return _record(state, token, logprob, static)
 
@@ -241,9 +238,11 @@ def _truncate(state: SamplerState, cut_b: jax.Array) -> SamplerState:
     hit = cut_b >= 0
     rows = jnp.arange(cut_b.shape[0])
     new_count = jnp.where(hit, cut_b + 1, state.count_b)
-    # generated token i of this call is consumed into slot base_slot + i; token cut_b becomes the pending one
+    # each decode step consumed one token into one slot, so generated token i of this call sits in slot
+    # index - step + i; token cut_b becomes the pending one
+    base_slot = state.cache.index - state.step
     slot = jnp.arange(state.cache.length)[None, :]
-    forget = hit[:, None] & (slot >= state.base_slot + cut_b[:, None]) & (slot < state.cache.index)
+    forget = hit[:, None] & (slot >= base_slot + cut_b[:, None]) & (slot < state.cache.index)
     cache = state.cache.replace(valid_bs=state.cache.valid_bs & ~forget)
     last = jnp.where(hit, state.tokens_bn[rows, jnp.maximum(cut_b, 0)], state.last_b)
     position = state.position_b - (state.count_b - new_count) * hit
@@ -256,21 +255,9 @@ def _constrain_cache(cache: KVCache) -> KVCache:
                          valid_bs=constrain(cache.valid_bs, ("batch", "cache_length")))
 
 
-class _MeshRules:
-    """Hashable (mesh, rules) pair, a static jit argument."""
-
-    def __init__(self, mesh: Mesh, rules: Rules):
-        self.mesh, self.rules = mesh, rules
-
-    def __hash__(self) -> int:
-        return hash((self.mesh, self.rules))
-
-    def __eq__(self, other: Any) -> bool:
-        return isinstance(other, _MeshRules) and (self.mesh, self.rules) == (other.mesh, other.rules)
-
-
-def _maybe_mesh(mesh_rules: _MeshRules | None) -> Any:
-    return use_mesh(mesh_rules.mesh, mesh_rules.rules) if mesh_rules is not None else contextlib.nullcontext()
+def _maybe_mesh(mesh_rules: tuple[Mesh, Rules] | None) -> Any:
+    """The (mesh, rules) context for activation constraints; `mesh_rules` is a static (hashable) jit argument."""
+    return use_mesh(*mesh_rules) if mesh_rules is not None else contextlib.nullcontext()
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -293,7 +280,7 @@ class Sampler:
         self.cache_dtype = cache_dtype or model.config.dtype
         self.length_bucket = length_bucket
         self.pad_id = pad_id
-        self._mesh_rules = _MeshRules(mesh, rules) if mesh is not None else None
+        self._mesh_rules = (mesh, rules) if mesh is not None else None
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, key: jax.Array,
                  cache_capacity: int | None = None) -> tuple[list[Completion], SamplerState]:
@@ -355,7 +342,7 @@ class Sampler:
     def _place(self, tree: Any) -> Any:
         if self._mesh_rules is None:
             return tree
-        mesh, rules = self._mesh_rules.mesh, self._mesh_rules.rules
+        mesh, rules = self._mesh_rules
         return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim, rules, x.shape[0]))
                             if x.ndim else x, tree)
 

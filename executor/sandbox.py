@@ -21,9 +21,13 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
 log = logging.getLogger("executor.sandbox")
+# JAX warns at every fork of a multithreaded process. Our forked children only make raw syscalls (setsid,
+# setrlimit, setuid, kill) before exec or _exit, taking no lock another thread could hold, so it is safe.
+warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
 STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error")
 SANDBOX_DIR = "/sandbox"

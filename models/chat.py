@@ -80,6 +80,19 @@ class ChatTemplate:
             emit(self.generation_prompt)
         return "".join(parts), spans
 
+    def next_turn(self, message: Message, add_generation_prompt: bool = True) -> str:
+        """The text that follows a turn's end-of-turn token: one more message, then the generation prompt.
+
+        `render(dialog, True) + answer + end_of_turn + next_turn(m)` equals `render(dialog + [answer, m], True)`,
+        which is how a dialog grows from its KV cache without being re-rendered.
+        """
+        validate_messages([message])
+        sep = "\n" if self.family == "chatml" else ""
+        text = sep + self._header(message["role"]) + self._content(message["content"]) + self.end_of_turn
+        if add_generation_prompt:
+            text += sep + self.generation_prompt
+        return text
+
     def to_dict(self) -> dict[str, str | None]:
         return dataclasses.asdict(self)
 

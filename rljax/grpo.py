@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rljax.ppo import clipped_policy_terms, masked_aggregate
+from rljax.ppo import aggregate, clipped_policy_terms, masked_aggregate
 
 KL_ESTIMATORS = ("k1", "k3")
 KL_PLACEMENTS = ("loss", "reward", "none")
@@ -24,7 +24,8 @@ def kl_estimate(logp_bt: jax.Array, ref_logp_bt: jax.Array, estimator: str) -> j
 
 def grpo_loss(logp_bt: jax.Array, old_logp_bt: jax.Array, ref_logp_bt: jax.Array, advantages_bt: jax.Array,
               mask_bt: jax.Array, clip_eps: float = 0.2, kl_coef: float = 0.0, kl_estimator: str = "k3",
-              kl_in_loss: bool = True, aggregation: str = "token_mean") -> tuple[jax.Array, dict]:
+              kl_in_loss: bool = True, aggregation: str = "token_mean", weights_bt: jax.Array | None = None
+              ) -> tuple[jax.Array, dict]:
     """Clipped policy loss plus (when `kl_in_loss`) kl_coef * the per-token KL estimate, aggregated together."""
     per_token, was_clipped = clipped_policy_terms(logp_bt, old_logp_bt, advantages_bt, clip_eps)
     kl = kl_estimate(logp_bt, ref_logp_bt, kl_estimator)
@@ -32,4 +33,4 @@ def grpo_loss(logp_bt: jax.Array, old_logp_bt: jax.Array, ref_logp_bt: jax.Array
         per_token = per_token + kl_coef * kl
     metrics = {"clip_fraction": masked_aggregate(was_clipped.astype(jnp.float32), mask_bt, "token_mean"),
                "kl": masked_aggregate(kl, mask_bt, "token_mean")}
-    return masked_aggregate(per_token, mask_bt, aggregation), metrics
+    return aggregate(per_token, mask_bt, aggregation, weights_bt), metrics

@@ -31,21 +31,28 @@ def clipped_policy_terms(logp_bt: jax.Array, old_logp_bt: jax.Array, advantages_
     return jnp.maximum(unclipped, clipped), clipped > unclipped
 
 
+def aggregate(x_bt: jax.Array, mask_bt: jax.Array, aggregation: str, weights_bt: jax.Array | None) -> jax.Array:
+    """`masked_aggregate`, or sum(x * weights) when the weights already hold the aggregation over a larger
+    batch (`rljax.batching.aggregation_weights`), which makes micro-batch losses add up exactly."""
+    return masked_aggregate(x_bt, mask_bt, aggregation) if weights_bt is None else jnp.sum(x_bt * weights_bt)
+
+
 def clipped_policy_loss(logp_bt: jax.Array, old_logp_bt: jax.Array, advantages_bt: jax.Array, mask_bt: jax.Array,
-                        clip_eps: float = 0.2, aggregation: str = "token_mean") -> tuple[jax.Array, dict]:
+                        clip_eps: float = 0.2, aggregation: str = "token_mean", weights_bt: jax.Array | None = None
+                        ) -> tuple[jax.Array, dict]:
     """The PPO policy loss and its diagnostics (clip fraction, approximate KL to the sampling policy)."""
     per_token, was_clipped = clipped_policy_terms(logp_bt, old_logp_bt, advantages_bt, clip_eps)
     metrics = {"clip_fraction": masked_aggregate(was_clipped.astype(jnp.float32), mask_bt, "token_mean"),
                "approx_kl": masked_aggregate(old_logp_bt - logp_bt, mask_bt, "token_mean")}
-    return masked_aggregate(per_token, mask_bt, aggregation), metrics
+    return aggregate(per_token, mask_bt, aggregation, weights_bt), metrics
 
 
 def clipped_value_loss(values: jax.Array, old_values: jax.Array, returns: jax.Array, mask: jax.Array,
-                       clip: float = 0.2) -> jax.Array:
-    """0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2), averaged over the mask."""
+                       clip: float = 0.2, weights: jax.Array | None = None) -> jax.Array:
+    """0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2), averaged over the mask (or weighted)."""
     clipped = old_values + jnp.clip(values - old_values, -clip, clip)
     per = 0.5 * jnp.maximum((values - returns) ** 2, (clipped - returns) ** 2)
-    return masked_aggregate(per, mask, "token_mean")
+    return aggregate(per, mask, "token_mean", weights)
 
 
 def token_entropy(logits_btv: jax.Array) -> jax.Array:

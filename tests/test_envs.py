@@ -114,3 +114,13 @@ def test_swerl_prompt_rewards_and_variants():
         SWERLEnv("bleu")
     with pytest.raises(ProblemError, match="code_context must map"):
         SWERLEnv().reset(dict(INSTANCE, code_context={"calc.py": 3}))
+
+
+def test_end_early_makes_the_last_answer_final():
+    episode = RLEFEnv().reset(SUM)
+    episode.step(WRONG)
+    cut = episode.end_early("context_full")
+    assert (cut.reward, cut.done, cut.status) == (-1.0, True, "context_full")
+    episode = RLEFEnv().reset(SUM)
+    episode.step(NO_CODE_ANSWER)
+    assert episode.end_early("context_full").reward == -0.2

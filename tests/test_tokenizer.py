@@ -139,3 +139,15 @@ def test_bad_dialogs_and_templates_raise_clear_errors():
         ChatTemplate("chatml").render([{"role": "robot", "content": "x"}])
     with pytest.raises(ChatTemplateError, match="unrecognised chat template"):
         template_from_jinja("{{ messages }}")
+
+
+@pytest.mark.parametrize("family", ["chatml", "llama3", "llama3_1"])
+def test_next_turn_continues_a_rendered_dialog_exactly(family):
+    template = ChatTemplate(family, default_system="You are helpful." if family == "chatml" else None)
+    dialog = [{"role": "user", "content": "Solve it."}]
+    answer, feedback = "```python\nprint(1)\n```", "It failed.\nGive it another try."
+    grown = (template.render(dialog, True)[0] + answer + template.end_of_turn
+             + template.next_turn({"role": "user", "content": feedback}))
+    full = template.render(dialog + [{"role": "assistant", "content": answer},
+                                     {"role": "user", "content": feedback}], True)[0]
+    assert grown == full

@@ -33,6 +33,10 @@ class Episode(Protocol):
     def step(self, answer: str) -> StepResult:
         """Score `answer` (the assistant's text for this turn); appends it and any feedback to `messages`."""
 
+    def end_early(self, status: str) -> StepResult:
+        """End a dialog that cannot go on (its next turn does not fit the context): the last answer, which
+        did not pass, is taken as final."""
+
 
 class Env(Protocol):
     max_turns: int

@@ -71,6 +71,7 @@ class RLEFEpisode:
         self.env = env
         self.problem = problem
         self.turn = 0
+        self.last_status = ""
         self.messages: list[Message] = [{"role": "user", "content": env.prompt.format(
             description=problem.description.strip())}]
 
@@ -101,9 +102,17 @@ class RLEFEpisode:
                 result = StepResult(env.rewards.intermediate, False, env.failure_feedback(code, problem, public),
                                     "retry", info)
         result.info["solved"] = result.status == "solved"
+        self.last_status = result.status
         if not result.done:
             self.messages.append({"role": "user", "content": result.feedback})
         return result
+
+    def end_early(self, status: str) -> StepResult:
+        """The last answer (which failed its public tests or had no code) becomes the final one; its reward
+        replaces that answer's intermediate reward."""
+        reward = self.env.rewards.no_code if self.last_status == "no_code" else self.env.rewards.failed
+        self.turn = self.env.max_turns
+        return StepResult(reward, True, None, status, {"turn": self.turn, "solved": False})
 
 
 class RLEFEnv:

@@ -55,6 +55,9 @@ class SWERLEpisode:
         return StepResult(reward, True, None, status, {"solved": status == "exact", **(
             {"error": meta["error"]} if "error" in meta else {})})
 
+    def end_early(self, status: str) -> StepResult:
+        raise RuntimeError("SWE-RL episodes have a single turn; there is nothing to end early")
+
 
 class SWERLEnv:
     max_turns = 1

@@ -1,0 +1,77 @@
+"""Trajectories -> fixed-shape numpy training arrays (right-padded to a length bucket), and the per-token
+weights that carry the loss aggregation, so that micro-batch losses add up to the full-batch loss."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from rljax.ppo import AGGREGATIONS
+from rljax.rollout import Trajectory
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def build_batch(trajectories: Sequence[Trajectory], max_turns: int, length_bucket: int, pad_id: int
+                ) -> dict[str, np.ndarray]:
+    """Arrays [B, L] (tokens, valid, positions, sampled, turn_of_token, sampler_logp) and [B, T] per turn
+    (value_index, turn_mask, task_reward), plus group and trainable per dialog."""
+    b = len(trajectories)
+    if not b:
+        raise ValueError("build_batch: no trajectories")
+    length = round_up(max(len(t.tokens) for t in trajectories), length_bucket)
+    out = {"tokens": np.full((b, length), pad_id, np.int32), "valid": np.zeros((b, length), bool),
+           "positions": np.tile(np.arange(length, dtype=np.int32), (b, 1)),
+           "sampled": np.zeros((b, length), np.float32), "turn_of_token": np.full((b, length), -1, np.int32),
+           "sampler_logp": np.zeros((b, length), np.float32), "value_index": np.zeros((b, max_turns), np.int32),
+           "turn_mask": np.zeros((b, max_turns), np.float32), "task_reward": np.zeros((b, max_turns), np.float32),
+           "group": np.asarray([t.group for t in trajectories], np.int32),
+           "trainable": np.asarray([t.trainable for t in trajectories], np.float32)}
+    for row, t in enumerate(trajectories):
+        n, turns = len(t.tokens), t.num_turns
+        if turns > max_turns or len(t.value_positions) != turns:
+            raise ValueError(f"build_batch: dialog {row} ({t.problem}) has {turns} rewards for "
+                             f"{len(t.value_positions)} answers (max_turns {max_turns})")
+        out["tokens"][row, :n] = t.tokens
+        out["valid"][row, :n] = True
+        out["sampled"][row, :n] = np.asarray(t.sampled, np.float32) * float(t.trainable)
+        out["turn_of_token"][row, :n] = t.turn_of_token
+        out["sampler_logp"][row, :n] = t.sampler_logprobs
+        out["value_index"][row, :turns] = t.value_positions
+        out["turn_mask"][row, :turns] = float(t.trainable)
+        out["task_reward"][row, :turns] = t.rewards
+    return out
+
+
+def aggregation_weights(mask_bt: np.ndarray, mode: str) -> np.ndarray:
+    """Per-token weights w with sum(loss_bt * w) = the chosen aggregation of loss_bt over the mask.
+
+    token_mean: 1 / (masked tokens in the batch); sequence_mean: 1 / (tokens of that sequence * sequences
+    with at least one masked token). Computed once over the whole batch, they make the loss of any split into
+    micro-batches sum exactly to the loss of the batch.
+    """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"loss aggregation {mode!r}: expected one of {AGGREGATIONS}")
+    mask = np.asarray(mask_bt, np.float64)
+    if mode == "token_mean":
+        return (mask / max(mask.sum(), 1.0)).astype(np.float32)
+    per_seq = mask.sum(axis=-1, keepdims=True)
+    sequences = max(float((per_seq > 0).sum()), 1.0)
+    return (mask / np.maximum(per_seq, 1.0) / sequences).astype(np.float32)
+
+
+def per_turn_sums(values_bt: np.ndarray, turn_of_token_bt: np.ndarray, mask_bt: np.ndarray, max_turns: int
+                  ) -> np.ndarray:
+    """[B, T]: the sum of values_bt over the masked tokens of each turn (e.g. log(pi/rho) of one answer)."""
+    out = np.zeros((values_bt.shape[0], max_turns))
+    for t in range(max_turns):
+        out[:, t] = np.sum(values_bt * mask_bt * (turn_of_token_bt == t), axis=-1)
+    return out
+
+
+def spread_over_turns(per_turn_bt: np.ndarray, turn_of_token_bt: np.ndarray) -> np.ndarray:
+    """[B, L]: each token gets the value of its turn (0 where turn_of_token is -1)."""
+    index = np.clip(turn_of_token_bt, 0, None)
+    return np.where(turn_of_token_bt >= 0, np.take_along_axis(per_turn_bt, index, axis=1), 0.0).astype(np.float32)

@@ -1,0 +1,211 @@
+"""The jitted device side of training: scoring passes (old/reference logprobs, values) and one optimizer
+update each for the policy and the value model, with micro-batch gradient accumulation in `lax.scan`.
+
+Models are split once into (graphdef, params); params and optimizer state live in a `TrainState` pytree
+that the update donates. Batches are dicts of [B, ...] arrays placed with the batch sharding; micro-batch i
+takes rows i, i+m, i+2m, ... so that every device keeps an equal share of each micro-batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from models.llama import Llama, LlamaValueModel
+from models.sharding import constrain
+from rljax.grpo import KL_ESTIMATORS, grpo_loss
+from rljax.ppo import clipped_policy_loss, clipped_value_loss
+
+ALGORITHMS = ("ppo", "grpo")
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    learning_rate: float = 2e-7  # RLEF's
+    warmup_steps: int = 50
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    algorithm: str = "ppo"
+    temperature: float = 1.0  # logprobs are log_softmax(logits / T), as the sampler's
+    clip_eps: float = 0.2
+    value_clip: float = 0.2
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0  # GRPO with KL in the loss
+    kl_estimator: str = "k3"
+    kl_in_loss: bool = False
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm {self.algorithm!r}: expected one of {ALGORITHMS}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator {self.kl_estimator!r}: expected one of {KL_ESTIMATORS}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 for training logprobs, got {self.temperature}")
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW with linear warm-up to a constant rate; no decay on norms and biases."""
+    schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1)),
+                                     optax.constant_schedule(cfg.learning_rate)], [max(cfg.warmup_steps, 1)])
+    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
+                       optax.adamw(schedule, cfg.b1, cfg.b2, cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask))
+
+
+def _micro(batch: dict[str, jax.Array], num_micro: int) -> dict[str, jax.Array]:
+    """[B, ...] -> [m, B/m, ...] with micro-batch i = rows i, i+m, ... (keeps each device's share equal)."""
+    def split(x: jax.Array) -> jax.Array:
+        b = x.shape[0]
+        if b % num_micro:
+            raise ValueError(f"batch of {b} does not split into {num_micro} micro-batches")
+        y = x.reshape((b // num_micro, num_micro) + x.shape[1:]).swapaxes(0, 1)
+        return constrain(y, (None, "batch") + (None,) * (x.ndim - 1))
+    return {k: split(v) for k, v in batch.items()}
+
+
+def token_logprobs(model: Llama, batch: dict[str, jax.Array], temperature: float) -> tuple[jax.Array, jax.Array]:
+    """[B, L] log p(token_t | tokens_<t) under log_softmax(logits / T) (0 at t = 0) and the entropy there."""
+    logits, _ = model(batch["tokens"], batch["positions"], batch["valid"])
+    logp_all = jax.nn.log_softmax(logits[:, :-1] / temperature, axis=-1)
+    logp = jnp.take_along_axis(logp_all, batch["tokens"][:, 1:, None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    pad = jnp.zeros_like(logp[:, :1])
+    return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
+
+
+def turn_values(value_model: LlamaValueModel, batch: dict[str, jax.Array]) -> jax.Array:
+    """[B, T] the value model's estimate at each turn's value index."""
+    values_bl = value_model(batch["tokens"], batch["positions"], batch["valid"])
+    return jnp.take_along_axis(values_bl, batch["value_index"], axis=1)
+
+
+class Learner:
+    """Jitted scoring and updates for one policy (and, for PPO, one value model)."""
+
+    def __init__(self, policy: Llama, loss: LossConfig, optim: OptimConfig, num_micro: int = 1,
+                 value_model: LlamaValueModel | None = None, value_optim: OptimConfig | None = None):
+        self.loss = loss
+        self.num_micro = num_micro
+        self.policy_graphdef, params = nnx.split(policy)
+        self.policy_tx = make_optimizer(optim)
+        self.policy_state = TrainState(jnp.zeros((), jnp.int32), params, self.policy_tx.init(params))
+        self.value_graphdef = None
+        self.value_state = None
+        if loss.algorithm == "ppo":
+            if value_model is None:
+                raise ValueError("Learner: PPO needs a value model")
+            self.value_graphdef, vparams = nnx.split(value_model)
+            self.value_tx = make_optimizer(value_optim or optim)
+            self.value_state = TrainState(jnp.zeros((), jnp.int32), vparams, self.value_tx.init(vparams))
+        self._score = jax.jit(self._score_impl)
+        self._values = jax.jit(self._values_impl)
+        self._update_policy = jax.jit(self._update_policy_impl, donate_argnums=0)
+        self._update_value = jax.jit(self._update_value_impl, donate_argnums=0)
+
+    # ---- public ------------------------------------------------------------------------------------------------
+    def policy_model(self) -> Llama:
+        return nnx.merge(self.policy_graphdef, self.policy_state.params)
+
+    def score(self, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        """(logprobs, entropy) [B, L] of the batch's tokens under `params` (the policy's or the reference's)."""
+        return self._score(params, batch)
+
+    def values(self, batch: dict[str, jax.Array]) -> jax.Array:
+        return self._values(self.value_state.params, batch)
+
+    def update_policy(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        self.policy_state, metrics = self._update_policy(self.policy_state, batch)
+        return metrics
+
+    def update_value(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        self.value_state, metrics = self._update_value(self.value_state, batch)
+        return metrics
+
+    # ---- jitted bodies -----------------------------------------------------------------------------------------
+    def _score_impl(self, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        model = nnx.merge(self.policy_graphdef, params)
+        micro = _micro({k: batch[k] for k in ("tokens", "positions", "valid")}, self.num_micro)
+        logp, entropy = jax.lax.map(lambda mb: token_logprobs(model, mb, self.loss.temperature), micro)
+        return _unmicro(logp), _unmicro(entropy)
+
+    def _values_impl(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
+        model = nnx.merge(self.value_graphdef, params)
+        micro = _micro({k: batch[k] for k in ("tokens", "positions", "valid", "value_index")}, self.num_micro)
+        return _unmicro(jax.lax.map(lambda mb: turn_values(model, mb), micro))
+
+    def _policy_loss(self, params: Any, mb: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+        cfg = self.loss
+        logp, entropy = token_logprobs(nnx.merge(self.policy_graphdef, params), mb, cfg.temperature)
+        if cfg.algorithm == "ppo":
+            loss, diag = clipped_policy_loss(logp, mb["old_logp"], mb["advantages"], mb["sampled"], cfg.clip_eps,
+                                             weights_bt=mb["weights"])
+        else:
+            loss, diag = grpo_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["sampled"],
+                                   cfg.clip_eps, cfg.kl_coef, cfg.kl_estimator, cfg.kl_in_loss,
+                                   weights_bt=mb["weights"])
+        entropy_term = jnp.sum(entropy * mb["weights"])
+        total = loss - cfg.entropy_coef * entropy_term
+        return total, {"policy_loss": loss, "entropy": entropy_term, **diag}
+
+    def _value_loss(self, params: Any, mb: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+        values = turn_values(nnx.merge(self.value_graphdef, params), mb)
+        loss = clipped_value_loss(values, mb["old_values"], mb["returns"], mb["turn_mask"], self.loss.value_clip,
+                                  weights=mb["turn_weights"])
+        return loss, {"value_loss": loss}
+
+    def _update_policy_impl(self, state: TrainState, batch: dict[str, jax.Array]):
+        return _accumulate_and_apply(self._policy_loss, self.policy_tx, state, batch, self.num_micro)
+
+    def _update_value_impl(self, state: TrainState, batch: dict[str, jax.Array]):
+        return _accumulate_and_apply(self._value_loss, self.value_tx, state, batch, self.num_micro)
+
+
+def _unmicro(x: jax.Array) -> jax.Array:
+    """Inverse of `_micro` for one array: [m, B/m, ...] -> [B, ...]."""
+    return x.swapaxes(0, 1).reshape((-1,) + x.shape[2:])
+
+
+def _accumulate_and_apply(loss_fn: Callable, tx: optax.GradientTransformation, state: TrainState,
+                          batch: dict[str, jax.Array], num_micro: int) -> tuple[TrainState, dict[str, jax.Array]]:
+    """Sum the loss and gradients over micro-batches (the loss weights are global, so the sums are the full
+    batch's), then one optimizer step. Diagnostics that are per-micro-batch means are averaged."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    micro = _micro(batch, num_micro)
+
+    def body(carry, mb):
+        (loss, aux), grads = grad_fn(state.params, mb)
+        acc_loss, acc_aux, acc_grads = carry
+        return (acc_loss + loss, jax.tree.map(jnp.add, acc_aux, aux), jax.tree.map(jnp.add, acc_grads, grads)), None
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    aux_shape = jax.eval_shape(lambda: grad_fn(state.params, first)[0][1])
+    zeros = (jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_shape),
+             jax.tree.map(jnp.zeros_like, state.params))
+    (loss, aux, grads), _ = jax.lax.scan(body, zeros, micro)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {k: v / num_micro for k, v in aux.items()}
+    for summed in ("policy_loss", "value_loss", "entropy"):  # weighted sums already add up over micro-batches
+        if summed in aux:
+            metrics[summed] = aux[summed]
+    metrics.update(loss=loss, grad_norm=optax.global_norm(grads))
+    return TrainState(state.step + 1, params, opt_state), metrics

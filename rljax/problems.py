@@ -1,0 +1,81 @@
+"""Problem sources and the grain stream that feeds them to the rollouts, sharded per host and resumable.
+
+A source is a list of dataset rows (dicts). The stream shuffles them with a seed, repeats, takes this host's
+share (every process_count-th row from process_index) and hands out batches of rows the environment accepts;
+a row it refuses is skipped, counted, and its reason logged once per distinct message.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+import grain.python as gp
+
+from rljax.envs.base import ProblemError
+
+log = logging.getLogger("rljax.problems")
+
+
+def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a JSON-lines file; a line that is not a JSON object fails with its line number."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"problems file {path}: no such file")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object per line, got {type(row).__name__}")
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"problems file {path}: no rows")
+    return rows
+
+
+class ProblemStream:
+    """Batches of valid rows from a grain pipeline; `get_state`/`set_state` checkpoint its position."""
+
+    def __init__(self, rows: list[dict[str, Any]], validate: Callable[[dict[str, Any]], Any], seed: int,
+                 process_index: int = 0, process_count: int = 1):
+        if not rows:
+            raise ValueError("ProblemStream: the problem source is empty")
+        dataset = gp.MapDataset.source(rows).shuffle(seed=seed).repeat()
+        self._iterator = dataset[process_index::process_count].to_iter_dataset().__iter__()
+        self._validate = validate
+        self._num_rows = len(rows)
+        self.skipped = 0
+        self._reasons: set[str] = set()
+
+    def next_batch(self, size: int) -> list[dict[str, Any]]:
+        batch: list[dict[str, Any]] = []
+        misses = 0
+        while len(batch) < size:
+            row = next(self._iterator)
+            try:
+                self._validate(row)
+            except ProblemError as err:
+                self.skipped += 1
+                misses += 1
+                if str(err) not in self._reasons:
+                    self._reasons.add(str(err))
+                    log.warning("skipping problem: %s", err)
+                if misses > self._num_rows and not batch:
+                    raise ValueError(f"ProblemStream: none of the {self._num_rows} problems is usable "
+                                     f"(last: {err})") from None
+                continue
+            batch.append(row)
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        return {"iterator": self._iterator.get_state(), "skipped": self.skipped}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._iterator.set_state(state["iterator"])
+        self.skipped = int(state["skipped"])

@@ -1,0 +1,177 @@
+"""Rollouts: dialogs sampled on the device, answers scored on executor-pool threads, turn by turn.
+
+The batch is cut into `num_chunks` chunks, each with its own sampler state. While chunk c's answers are being
+scored on the host CPUs, the device generates chunk c+1, so scoring overlaps device work; the time the main
+thread still waits for scores is measured (`RolloutStats.score_wait_s`). Every dialog keeps exactly the token
+ids the sampler consumed and produced, the mask of the ids the policy sampled, and per answer the index of the
+token whose logits produced the answer's first token (where the value model predicts that turn's return).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import time
+import traceback
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from executor.pool import ExecutorPool
+from models.sampler import FINISH_EOS, Completion, Sampler, SamplingParams
+from rljax.dialog import DialogCodec
+from rljax.envs.base import Env, Episode, StepResult
+
+EXECUTOR_ERROR = "executor_error"
+CONTEXT_FULL = "context_full"
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One dialog: ids in order, which of them the policy sampled (and their sampler logprobs), per answer."""
+
+    problem: str
+    group: int  # dialogs with the same group answer the same problem in this batch (GRPO's groups)
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    sampled: list[bool] = dataclasses.field(default_factory=list)
+    sampler_logprobs: list[float] = dataclasses.field(default_factory=list)
+    turn_of_token: list[int] = dataclasses.field(default_factory=list)  # -1 where not sampled
+    value_positions: list[int] = dataclasses.field(default_factory=list)
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    statuses: list[str] = dataclasses.field(default_factory=list)
+    finish_reasons: list[str] = dataclasses.field(default_factory=list)
+    answers: list[str] = dataclasses.field(default_factory=list)
+    done: bool = False
+    trainable: bool = True  # False after an executor error: kept and counted, but given no loss weight
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.rewards)
+
+    @property
+    def solved(self) -> bool:
+        return bool(self.statuses) and self.statuses[-1] in ("solved", "exact")
+
+    def append(self, ids: Sequence[int], sampled: bool, logprobs: Sequence[float] | None = None) -> None:
+        turn = len(self.value_positions) - 1
+        self.tokens += list(ids)
+        self.sampled += [sampled] * len(ids)
+        self.sampler_logprobs += list(map(float, logprobs)) if logprobs is not None else [0.0] * len(ids)
+        self.turn_of_token += [turn if sampled else -1] * len(ids)
+
+
+@dataclasses.dataclass
+class RolloutStats:
+    total_s: float = 0.0
+    generate_s: float = 0.0  # device time in generate/extend (including host-side decode of the result)
+    score_wait_s: float = 0.0  # main-thread time blocked on executor results: the devices wait on the hosts
+    generated_tokens: int = 0
+    executor_errors: int = 0
+    context_full: int = 0
+
+
+class RolloutRunner:
+    """Runs a batch of episodes to the end with a `Sampler`, a `DialogCodec` and an `ExecutorPool`."""
+
+    def __init__(self, sampler: Sampler, codec: DialogCodec, env: Env, pool: ExecutorPool, sampling: SamplingParams,
+                 cache_capacity: int, num_chunks: int = 2):
+        if num_chunks < 1:
+            raise ValueError(f"RolloutRunner.num_chunks must be >= 1, got {num_chunks}")
+        self.sampler, self.codec, self.env, self.pool = sampler, codec, env, pool
+        self.sampling = sampling
+        self.cache_capacity = cache_capacity
+        self.num_chunks = num_chunks
+
+    def run(self, episodes: Sequence[Episode], groups: Sequence[int], names: Sequence[str], key: jax.Array
+            ) -> tuple[list[Trajectory], RolloutStats]:
+        start = time.perf_counter()
+        stats = RolloutStats()
+        trajectories = [Trajectory(name, group) for name, group in zip(names, groups)]
+        chunks = [list(c) for c in np.array_split(np.arange(len(episodes)), min(self.num_chunks, len(episodes)))]
+        states: list[Any] = [None] * len(chunks)
+        pending: list[list[tuple[int, cf.Future]]] = [[] for _ in chunks]
+        for turn in range(self.env.max_turns):
+            for c, rows in enumerate(chunks):
+                turn_key = jax.random.fold_in(jax.random.fold_in(key, turn), c)
+                if turn == 0:
+                    prompts = [self.codec.prompt_ids(episodes[i].messages) for i in rows]
+                    for i, prompt in zip(rows, prompts):
+                        trajectories[i].append(prompt, sampled=False)
+                    t0 = time.perf_counter()
+                    completions, states[c] = self.sampler.generate(prompts, self.sampling, turn_key,
+                                                                   self.cache_capacity)
+                    stats.generate_s += time.perf_counter() - t0
+                    active = rows
+                else:
+                    self._collect(pending[c], episodes, trajectories, stats)
+                    pending[c] = []
+                    continuations = self._continuations(rows, episodes, trajectories, states[c], stats)
+                    if not any(x is not None for x in continuations):
+                        continue
+                    t0 = time.perf_counter()
+                    results, states[c] = self.sampler.extend(states[c], continuations, self.sampling, turn_key)
+                    stats.generate_s += time.perf_counter() - t0
+                    active = [i for i, x in zip(rows, continuations) if x is not None]
+                    completions = [r for r in results if r is not None]
+                for i, completion in zip(active, completions):
+                    pending[c].append((i, self._record_answer(i, completion, episodes, trajectories, stats)))
+        for c in range(len(chunks)):
+            self._collect(pending[c], episodes, trajectories, stats)
+        stats.total_s = time.perf_counter() - start
+        return trajectories, stats
+
+    def _record_answer(self, i: int, completion: Completion, episodes: Sequence[Episode],
+                       trajectories: list[Trajectory], stats: RolloutStats) -> cf.Future:
+        trajectory = trajectories[i]
+        trajectory.value_positions.append(len(trajectory.tokens) - 1)
+        trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
+        trajectory.finish_reasons.append(completion.finish_reason)
+        text = self.codec.answer_text(completion.token_ids)
+        trajectory.answers.append(text)
+        stats.generated_tokens += len(completion.token_ids)
+        return self.pool.submit(_safe_step, episodes[i], text)
+
+    def _collect(self, pending: list[tuple[int, cf.Future]], episodes: Sequence[Episode],
+                 trajectories: list[Trajectory], stats: RolloutStats) -> None:
+        t0 = time.perf_counter()
+        for i, future in pending:
+            result: StepResult = future.result()
+            trajectory = trajectories[i]
+            trajectory.rewards.append(result.reward)
+            trajectory.statuses.append(result.status)
+            trajectory.done = result.done
+            if result.status == EXECUTOR_ERROR:
+                trajectory.trainable = False
+                stats.executor_errors += 1
+        stats.score_wait_s += time.perf_counter() - t0
+
+    def _continuations(self, rows: list[int], episodes: Sequence[Episode], trajectories: list[Trajectory],
+                       state: Any, stats: RolloutStats) -> list[list[int] | None]:
+        """The next turn's ids per row of a chunk (None when its dialog is over). A dialog whose next turn
+        does not fit the cache ends here, its last answer taken as final."""
+        room = self.cache_capacity - int(state.cache.index) - self.sampling.max_new_tokens
+        out: list[list[int] | None] = []
+        for i in rows:
+            trajectory = trajectories[i]
+            if trajectory.done:
+                out.append(None)
+                continue
+            feedback = episodes[i].messages[-1]["content"]
+            ids = self.codec.continuation_ids(trajectory.finish_reasons[-1] == FINISH_EOS, feedback)
+            if len(ids) + 1 > room:
+                ended = episodes[i].end_early(CONTEXT_FULL)
+                trajectory.rewards[-1], trajectory.statuses[-1], trajectory.done = ended.reward, ended.status, True
+                stats.context_full += 1
+                out.append(None)
+                continue
+            trajectory.append(ids, sampled=False)
+            out.append(ids)
+        return out
+
+
+def _safe_step(episode: Episode, answer: str) -> StepResult:
+    """One answer scored; an exception in the executor becomes a counted `executor_error` that ends the dialog."""
+    try:
+        return episode.step(answer)
+    except Exception:  # the rollout must not die for one job; the trace goes with the result
+        return StepResult(0.0, True, None, EXECUTOR_ERROR, {"error": traceback.format_exc(limit=3)})

@@ -1,0 +1,139 @@
+"""From an ml_collections run config to the parts of a run, with one-line errors for bad values.
+
+Every config file in configs/ returns the same tree (see configs/rlef_tiny.py for all keys); a run config
+names its model, problems, environment, rollout, algorithm, optimizers, mesh and checkpointing.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ml_collections import ConfigDict
+
+from executor.extract import extract_code
+from executor.testing import Limits
+from models.llama import Llama
+from rljax.envs import RLEFEnv, RLEFRewards, SWERLEnv
+from rljax.learner import ALGORITHMS, LossConfig, OptimConfig
+from rljax.ppo import AGGREGATIONS
+from rljax.grpo import KL_ESTIMATORS, KL_PLACEMENTS
+
+CHOICES = {
+    "algo.name": ALGORITHMS, "algo.aggregation": AGGREGATIONS, "algo.kl_estimator": KL_ESTIMATORS,
+    "algo.kl_placement": KL_PLACEMENTS, "env.name": ("rlef", "swerl"), "env.feedback_mode": ("full", "none", "unrelated"),
+    "env.code_builder": ("python_block", "digits"), "codec": ("chat", "digits"), "data.source": ("toy", "jsonl"),
+    "checkpoint.resume": ("auto", "require", "never"),
+}
+POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_problem", "rollout.max_new_tokens",
+            "rollout.cache_capacity", "rollout.length_bucket", "rollout.num_chunks", "train.micro_batches",
+            "train.seq_bucket", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs")
+
+
+def _get(config: ConfigDict, dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        if part not in value:
+            raise ValueError(f"config.{dotted}: missing (every run config needs it; see configs/rlef_tiny.py)")
+        value = value[part]
+    return value
+
+
+def validate(config: ConfigDict) -> None:
+    """Refuse a config whose values cannot work, naming the key and what was expected."""
+    for key in ("workdir", "seed", "total_steps"):
+        _get(config, key)
+    for key, choices in CHOICES.items():
+        value = _get(config, key)
+        if value not in choices:
+            raise ValueError(f"config.{key}: {value!r} is not one of {list(choices)}")
+    for key in POSITIVE:
+        value = _get(config, key)
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"config.{key}: expected a positive integer, got {value!r}")
+    batch = config.rollout.problems_per_step * config.rollout.samples_per_problem
+    if batch % config.train.micro_batches:
+        raise ValueError(f"config.train.micro_batches: {config.train.micro_batches} does not divide the rollout "
+                         f"batch of {batch} dialogs (problems_per_step * samples_per_problem)")
+    if not 0 < config.rollout.top_p <= 1 or config.rollout.temperature <= 0:
+        raise ValueError("config.rollout: training samples need temperature > 0 and top_p in (0, 1], got "
+                         f"temperature={config.rollout.temperature}, top_p={config.rollout.top_p}")
+    if config.env.name == "swerl" and config.env.max_turns != 1:
+        raise ValueError("config.env.max_turns: SWE-RL has a single turn; set it to 1")
+    model = config.model
+    if sum(bool(model.get(k)) for k in ("preset", "checkpoint", "pretrained")) != 1:
+        raise ValueError("config.model: set exactly one of preset (random init), checkpoint (a path) or "
+                         "pretrained ('smollm2')")
+
+
+def build_mesh(cfg: ConfigDict) -> Any:
+    from models.sharding import make_mesh
+
+    return make_mesh(data=cfg.data, fsdp=cfg.fsdp, tensor=cfg.tensor)
+
+
+def build_policy(cfg: ConfigDict) -> tuple[Llama, Any]:
+    """(model, tokenizer or None): a random preset, an rljax checkpoint, or the bundled SmolLM2."""
+    from flax import nnx
+
+    from models.checkpoint import load_checkpoint, load_tokenizer
+    from models.config import LlamaConfig
+
+    if cfg.get("preset"):
+        config = LlamaConfig.preset(cfg.preset, **dict(cfg.get("overrides") or {}))
+        return Llama(config, rngs=nnx.Rngs(cfg.init_seed)), None
+    path = cfg.checkpoint
+    if cfg.get("pretrained"):
+        if cfg.pretrained != "smollm2":
+            raise ValueError(f"config.model.pretrained: {cfg.pretrained!r} is not one of ['smollm2']")
+        from models.pretrained import smollm2_checkpoint
+
+        path = smollm2_checkpoint()
+    return load_checkpoint(path, dtype=cfg.get("dtype") or None), load_tokenizer(path)
+
+
+def build_codec(config: ConfigDict, tokenizer: Any) -> Any:
+    if config.codec == "digits":
+        from rljax.toy import DigitCodec
+
+        return DigitCodec()
+    if tokenizer is None:
+        raise ValueError("config.codec: 'chat' needs a model with a tokenizer (a checkpoint or pretrained model)")
+    from rljax.dialog import ChatCodec
+
+    return ChatCodec(tokenizer)
+
+
+def load_rows(cfg: ConfigDict) -> list[dict[str, Any]]:
+    if cfg.source == "toy":
+        from rljax.toy import toy_problems
+
+        return toy_problems(cfg.toy_count, cfg.toy_digits)
+    from rljax.problems import load_jsonl
+
+    return load_jsonl(cfg.path)
+
+
+def build_env(cfg: ConfigDict, rows: list[dict[str, Any]]) -> Any:
+    if cfg.name == "swerl":
+        return SWERLEnv(cfg.reward_variant)
+    if cfg.code_builder == "digits":
+        from rljax.toy import digits_program
+
+        builder = digits_program
+    else:
+        builder = extract_code
+    kwargs = {"prompt": cfg.prompt} if cfg.get("prompt") else {}
+    return RLEFEnv(max_turns=cfg.max_turns, rewards=RLEFRewards(**dict(cfg.rewards)), feedback_mode=cfg.feedback_mode,
+                   default_limits=Limits(cfg.time_limit_s, cfg.memory_limit_mb), use_problem_limits=cfg.use_problem_limits,
+                   code_extractor=builder, unrelated_problems=rows if cfg.feedback_mode == "unrelated" else (),
+                   **kwargs)
+
+
+def loss_config(config: ConfigDict) -> LossConfig:
+    a = config.algo
+    return LossConfig(algorithm=a.name, temperature=config.rollout.temperature, clip_eps=a.clip_eps,
+                      value_clip=a.value_clip, entropy_coef=a.entropy_coef, kl_coef=a.kl_beta,
+                      kl_estimator=a.kl_estimator, kl_in_loss=a.name == "grpo" and a.kl_placement == "loss")
+
+
+def optim_config(cfg: ConfigDict) -> OptimConfig:
+    return OptimConfig(**dict(cfg))

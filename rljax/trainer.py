@@ -1,0 +1,230 @@
+"""The training loop: problems -> rollouts (sampler + executor) -> rewards, KL, advantages -> PPO or GRPO
+updates -> metrics and checkpoints. `train(config)` runs a whole run from an ml_collections config (see
+configs/) and resumes from the workdir's latest checkpoint."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from ml_collections import ConfigDict
+
+from executor.pool import ExecutorPool
+from models.llama import LlamaValueModel
+from models.sampler import Sampler, SamplingParams
+from models.sharding import batch_sharding, shard_model, use_mesh
+from rljax import advantages as adv
+from rljax import batching
+from rljax.checkpointing import ResumeError, TrainCheckpointer
+from rljax.learner import Learner
+from rljax.metrics import MetricsWriter
+from rljax.ppo import explained_variance
+from rljax.problems import ProblemStream
+from rljax.rollout import RolloutRunner, RolloutStats, Trajectory
+from rljax.run_config import build_codec, build_env, build_mesh, build_policy, load_rows, loss_config, optim_config, validate
+
+log = logging.getLogger("rljax.trainer")
+
+
+@dataclasses.dataclass
+class StepOutput:
+    metrics: dict[str, Any]
+    trajectories: list[Trajectory]
+
+
+class Trainer:
+    """Builds every part from the config; `run()` trains to `total_steps`, `step()` does one step."""
+
+    def __init__(self, config: ConfigDict):
+        validate(config)
+        self.config = config
+        self.workdir = Path(config.workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.mesh = build_mesh(config.mesh)
+        policy, self.tokenizer = build_policy(config.model)
+        shard_model(policy, self.mesh)
+        self.ref_params = jax.tree.map(jnp.copy, nnx.state(policy))
+        value_model = None
+        if config.algo.name == "ppo":
+            value_model = LlamaValueModel(policy.config, rngs=nnx.Rngs(config.seed + 1))
+            nnx.update(value_model.backbone, jax.tree.map(jnp.copy, nnx.state(policy)))
+            shard_model(value_model, self.mesh)
+        self.learner = Learner(policy, loss_config(config), optim_config(config.optim), config.train.micro_batches,
+                               value_model, optim_config(config.value_optim))
+        self.codec = build_codec(config, self.tokenizer)
+        rows = load_rows(config.data)
+        self.env = build_env(config.env, rows)
+        self.stream = ProblemStream(rows, self.env.reset, config.seed, jax.process_index(), jax.process_count())
+        r = config.rollout
+        self.sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                                       top_k=r.top_k, stop_ids=tuple(self.codec.stop_ids))
+        pad_id = self.tokenizer.pad_id if self.tokenizer is not None else int(self.codec.stop_ids[0])
+        self.pad_id = pad_id
+        self.sampler = Sampler(self.learner.policy_model(), self.tokenizer, mesh=self.mesh,
+                               length_bucket=r.length_bucket, pad_id=pad_id)
+        batch = r.problems_per_step * r.samples_per_problem
+        self.pool = ExecutorPool(r.executor_workers or None, max_pending=2 * batch + 8)
+        self.rollouts = RolloutRunner(self.sampler, self.codec, self.env, self.pool, self.sampling,
+                                      r.cache_capacity, r.num_chunks)
+        c = config.checkpoint
+        self.checkpointer = TrainCheckpointer(self.workdir, c.every, c.keep, c.async_save)
+        self.step_count = 0
+        self._resume(c.resume)
+        self.metrics = MetricsWriter(self.workdir, self.step_count, config.log.tensorboard)
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------------
+    def _states(self) -> dict[str, Any]:
+        return {"policy": self.learner.policy_state, "value": self.learner.value_state}
+
+    def _resume(self, mode: str) -> None:
+        latest = self.checkpointer.latest_step() if mode != "never" else None
+        if latest is None:
+            if mode == "require":
+                raise ResumeError(f"{self.checkpointer.directory}: no checkpoint to resume from "
+                                  "(checkpoint.resume='require')")
+            return
+        states, meta = self.checkpointer.restore(latest, self._states())
+        self.learner.policy_state, self.learner.value_state = states["policy"], states["value"]
+        self.stream.set_state(meta["data"])
+        self.step_count = int(meta["step"])
+        log.info("resumed from %s at step %d", self.checkpointer.directory, self.step_count)
+
+    def _save(self, force: bool = False) -> None:
+        meta = {"step": self.step_count, "data": self.stream.get_state()}
+        self.checkpointer.save(self.step_count, self._states(), meta, force=force)
+
+    # ---- one step ------------------------------------------------------------------------------------------------
+    def _place(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        return {k: jax.device_put(v, batch_sharding(self.mesh, v.ndim, batch_size=v.shape[0]))
+                for k, v in arrays.items()}
+
+    def step(self) -> StepOutput:
+        cfg = self.config
+        started = time.perf_counter()
+        rows = self.stream.next_batch(cfg.rollout.problems_per_step)
+        samples = cfg.rollout.samples_per_problem
+        episodes = [self.env.reset(row) for row in rows for _ in range(samples)]
+        groups = [i // samples for i in range(len(episodes))]
+        names = [str(row.get("name") or row.get("instance_id")) for row in rows for _ in range(samples)]
+        self.sampler.model = self.learner.policy_model()
+        key = jax.random.fold_in(jax.random.key(cfg.seed), self.step_count)
+        with use_mesh(self.mesh):
+            trajectories, rstats = self.rollouts.run(episodes, groups, names, key)
+            train_started = time.perf_counter()
+            metrics = self._learn(trajectories)
+        metrics.update(rollout_metrics(trajectories, rstats, self.env.max_turns))
+        metrics["data/skipped_problems"] = self.stream.skipped
+        now = time.perf_counter()
+        metrics.update({"time/step_s": now - started, "time/rollout_s": rstats.total_s,
+                        "time/train_s": now - train_started,
+                        "perf/device_wait_share": rstats.score_wait_s / max(now - started, 1e-9),
+                        "perf/tokens_per_s": rstats.generated_tokens / max(rstats.generate_s, 1e-9)})
+        self.step_count += 1
+        return StepOutput(metrics, trajectories)
+
+    def _learn(self, trajectories: list[Trajectory]) -> dict[str, Any]:
+        cfg, algo = self.config, self.config.algo
+        arrays = batching.build_batch(trajectories, self.env.max_turns, cfg.train.seq_bucket, self.pad_id)
+        placed = self._place(arrays)
+        old_logp, entropy = (np.asarray(x) for x in self.learner.score(self.learner.policy_state.params, placed))
+        ref_logp = np.asarray(self.learner.score(self.ref_params, placed)[0])
+        sampled = arrays["sampled"]
+        kl_tok = (old_logp - ref_logp) * sampled
+        metrics: dict[str, Any] = {
+            "kl/ref_per_token": float(kl_tok.sum() / max(sampled.sum(), 1.0)),
+            "entropy/sampled": float((entropy * sampled).sum() / max(sampled.sum(), 1.0)),
+            "policy/sampler_logprob_max_diff": float(np.max(np.abs(old_logp - arrays["sampler_logp"]) * sampled))}
+        extra: dict[str, np.ndarray] = {"old_logp": old_logp, "ref_logp": ref_logp,
+                                        "weights": batching.aggregation_weights(sampled, algo.aggregation)}
+        if algo.name == "ppo":
+            old_values = np.asarray(self.learner.values(placed))
+            kl_turn = batching.per_turn_sums(kl_tok, arrays["turn_of_token"], sampled, self.env.max_turns)
+            shaped = adv.kl_shaped_turn_rewards(arrays["task_reward"], kl_turn, arrays["turn_mask"], algo.kl_beta)
+            advantages, returns = adv.gae_over_turns(shaped, old_values, arrays["turn_mask"], algo.gamma, algo.lam)
+            if algo.normalize_advantages:
+                advantages = whiten(advantages, arrays["turn_mask"])
+            extra.update(advantages=batching.spread_over_turns(advantages, arrays["turn_of_token"]),
+                         old_values=old_values.astype(np.float32), returns=returns.astype(np.float32),
+                         turn_weights=batching.aggregation_weights(arrays["turn_mask"], "token_mean"))
+            metrics["value/explained_variance"] = float(explained_variance(
+                jnp.asarray(old_values), jnp.asarray(returns, jnp.float32), jnp.asarray(arrays["turn_mask"])))
+            metrics["reward/shaped_mean"] = float((shaped * arrays["turn_mask"]).sum(axis=1).mean())
+        else:
+            rewards = (arrays["task_reward"] * arrays["turn_mask"]).sum(axis=1)
+            if algo.kl_placement == "reward":
+                rewards = rewards - algo.kl_beta * kl_tok.sum(axis=1)
+            group_adv = adv.group_advantages(rewards, cfg.rollout.samples_per_problem, algo.group_eps,
+                                             algo.scale_by_std)
+            extra["advantages"] = (group_adv[:, None] * sampled).astype(np.float32)
+        batch = {**placed, **self._place({k: np.asarray(v, np.float32) for k, v in extra.items()})}
+        for _ in range(algo.epochs):
+            policy_metrics = self.learner.update_policy(batch)
+            if algo.name == "ppo":
+                policy_metrics.update(self.learner.update_value(batch))
+        metrics.update({f"train/{k}": float(v) for k, v in policy_metrics.items()})
+        return metrics
+
+    # ---- the run -------------------------------------------------------------------------------------------------
+    def run(self) -> list[dict[str, Any]]:
+        from tqdm import tqdm
+
+        history = []
+        bar = tqdm(total=self.config.total_steps, initial=self.step_count, desc="train",
+                   disable=not self.config.log.progress, dynamic_ncols=True)
+        try:
+            while self.step_count < self.config.total_steps:
+                out = self.step()
+                self.metrics.write(self.step_count, out.metrics)
+                history.append({"step": self.step_count, **out.metrics})
+                self._save(force=self.step_count == self.config.total_steps)
+                bar.update(1)
+                bar.set_postfix(reward=f"{out.metrics['reward/mean']:+.3f}",
+                                solved=f"{out.metrics['solve_rate/final']:.2f}")
+        finally:
+            bar.close()
+            self.close()
+        return history
+
+    def close(self) -> None:
+        self.checkpointer.wait()
+        self.checkpointer.close()
+        self.metrics.close()
+        self.pool.close()
+
+
+def whiten(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """(x - mean) / std over the masked entries (masked-out entries stay 0)."""
+    m = mask.astype(bool)
+    if m.sum() < 2:
+        return values * mask
+    mean, std = values[m].mean(), values[m].std()
+    return (values - mean) / (std + 1e-8) * mask
+
+
+def rollout_metrics(trajectories: list[Trajectory], stats: RolloutStats, max_turns: int) -> dict[str, Any]:
+    """Reward mean, final status counts, solve rate by turn, turns and answer lengths, executor problems."""
+    totals = np.asarray([sum(t.rewards) for t in trajectories])
+    out: dict[str, Any] = {"reward/mean": float(totals.mean()), "reward/std": float(totals.std())}
+    for status in sorted({t.statuses[-1] for t in trajectories if t.statuses}):
+        out[f"status/{status}"] = sum(1 for t in trajectories if t.statuses and t.statuses[-1] == status)
+    for turn in range(1, max_turns + 1):
+        out[f"solve_rate/turn_{turn}"] = float(np.mean([t.solved and t.num_turns <= turn for t in trajectories]))
+    out["solve_rate/final"] = float(np.mean([t.solved for t in trajectories]))
+    out["turns/mean"] = float(np.mean([t.num_turns for t in trajectories]))
+    lengths = [sum(1 for k in t.turn_of_token if k == turn) for t in trajectories for turn in range(t.num_turns)]
+    out["response_length/mean"] = float(np.mean(lengths)) if lengths else 0.0
+    out["rollout/executor_errors"] = stats.executor_errors
+    out["rollout/context_full"] = stats.context_full
+    out["rollout/dialogs"] = len(trajectories)
+    return out
+
+
+def train(config: ConfigDict) -> list[dict[str, Any]]:
+    """Run (or resume) the training run that `config` describes; returns this process's metrics rows."""
+    return Trainer(config).run()

@@ -1,6 +1,6 @@
 """GRPO on the toy print-the-number task: groups of 8 one-turn answers per problem, a random tiny Llama.
 Used by the tests."""
-from configs.base import base_config
+from rljax.run_config import base_config
 
 
 def get_config():
@@ -14,6 +14,9 @@ def get_config():
     c.env.code_builder = "digits"
     c.env.prompt = "{description}"
     c.env.max_turns = 1
+    # One turn and no feedback to copy from: with RLEF's -1 for a wrong number, "no code" (-0.2) is the easy
+    # optimum a random model finds first. A wrong number scores 0 here, so only the right one beats trying.
+    c.env.rewards.failed = 0.0
     c.env.time_limit_s = 2.0
     c.env.memory_limit_mb = 256
     c.rollout.problems_per_step = 8
@@ -25,7 +28,7 @@ def get_config():
     c.algo.name = "grpo"
     c.algo.kl_placement = "loss"
     c.algo.kl_beta = 0.0
-    c.optim.learning_rate = 3e-3
+    c.optim.learning_rate = 1e-2
     c.optim.warmup_steps = 5
     c.optim.weight_decay = 0.0
     c.checkpoint.every = 10

@@ -1,6 +1,6 @@
 """RLEF with PPO on the toy print-the-number task: a random tiny Llama, 3-turn dialogs with real feedback from
 the sandbox, seconds per step on a CPU. Used by the tests."""
-from configs.base import base_config
+from rljax.run_config import base_config
 
 
 def get_config():

@@ -79,8 +79,8 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) 
     """NamedSharding for every variable of an nnx State, from its `axes` metadata (replicated if absent)."""
 
     def one(var: nnx.Variable) -> NamedSharding:
-        axes = var.get_metadata().get("axes") or (None,) * len(var.value.shape)
-        return NamedSharding(mesh, logical_to_spec(axes, var.value.shape, mesh, rules))
+        axes = var.get_metadata().get("axes") or (None,) * len(var.get_value().shape)
+        return NamedSharding(mesh, logical_to_spec(axes, var.get_value().shape, mesh, rules))
 
     return jax.tree.map(one, state, is_leaf=_is_variable)
 

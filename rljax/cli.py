@@ -1,10 +1,14 @@
-"""The `rljax` command: convert, generate, demo (later issues add train, eval, mine, plot)."""
+"""The `rljax` command: convert, generate, train, demo (later issues add eval, mine, plot)."""
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:
+    from ml_collections import ConfigDict
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -94,6 +98,51 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_run_config(argv: Sequence[str]) -> "ConfigDict":
+    """`--config FILE [--config.key=value ...]` (ml_collections config_flags) -> the run config."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "run config file (configs/NAME.py)", flag_values=values)
+    try:
+        values(["rljax"] + list(argv))
+        config = values.config
+        if config is not None:
+            config.to_dict()  # config_flags loads lazily: surface a broken file here
+    except KeyError as err:
+        raise ValueError(f"bad config flags: the config has no key {err.args[0]!r}") from None
+    except Exception as err:  # a config file that fails to load or an override that does not apply
+        lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
+        detail = lines[-1] if lines and "Errno" in lines[-1] else (lines[0] if lines else type(err).__name__)
+        missing = re.fullmatch(r"\"?'([^']+)'\"?", detail)
+        if missing:
+            detail = f"the config has no key {missing.group(1)!r}"
+        raise ValueError(f"bad config flags: {detail}") from None
+    if config is None:
+        raise ValueError("give a run config: rljax train --config configs/NAME.py [--config.key=value ...]")
+    return config
+
+
+def _train(argv: Sequence[str]) -> int:
+    import logging
+
+    from rljax.trainer import train
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    for name in ("rljax", "executor"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.INFO)
+    config = parse_run_config(argv)
+    history = train(config)
+    if history:
+        last = history[-1]
+        print(f"step {last['step']}: reward/mean {last['reward/mean']:+.3f}, solve_rate/final "
+              f"{last['solve_rate/final']:.3f}; metrics in {config.workdir}/metrics.jsonl")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rljax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text")
     gen.set_defaults(func=_generate)
+    sub.add_parser("train", help="train: rljax train --config configs/NAME.py [--config.key=value ...]")
     demo = sub.add_parser("demo", help="the embedded default job on SmolLM2-135M-Instruct (no download)")
     demo.add_argument("--cache-dir", default=None)
     demo.add_argument("--max-new-tokens", type=int, default=96)
@@ -124,16 +174,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # its flags belong to ml_collections' config_flags, not argparse
+        return _run("train", lambda: _train(argv[1:]))
     args = build_parser().parse_args(argv)
+    return _run(args.command, lambda: args.func(args))
+
+
+def _run(command: str, job: "Callable[[], int]") -> int:
+    """Run a subcommand; a bad input becomes one error line and exit status 1."""
     from models.checkpoint import CheckpointError
     from models.config import ConfigError
     from models.convert import WeightsError
     from models.tokenizer import TokenizerError
 
     try:
-        return args.func(args)
+        return job()
     except (CheckpointError, ConfigError, WeightsError, TokenizerError, FileNotFoundError, ValueError) as err:
-        print(f"rljax {args.command}: error: {err}", file=sys.stderr)
+        print(f"rljax {command}: error: {err}", file=sys.stderr)
         return 1
 
 

@@ -1,0 +1,42 @@
+"""Run in a subprocess with 8 simulated CPU devices: one PPO and one GRPO update on the (data 2, fsdp 4) mesh
+must give the loss and parameters of the same update on one device. Prints one JSON line."""
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.config import LlamaConfig
+from models.llama import Llama, LlamaValueModel
+from models.sharding import batch_sharding, make_mesh, shard_model, use_mesh
+from rljax.learner import Learner, LossConfig, OptimConfig
+from tests.test_trainer import synthetic_batch
+
+assert jax.device_count() == 8, jax.device_count()
+
+
+def one_update(algorithm: str, mesh) -> tuple[float, list[np.ndarray]]:
+    cfg = LlamaConfig.preset("tiny", vocab_size=64, num_heads=4, num_kv_heads=4)
+    policy = shard_model(Llama(cfg, rngs=nnx.Rngs(0)), mesh)
+    value = shard_model(LlamaValueModel(cfg, rngs=nnx.Rngs(1)), mesh) if algorithm == "ppo" else None
+    learner = Learner(policy, LossConfig(algorithm, kl_coef=0.1, kl_in_loss=True), OptimConfig(1e-3, 0), 2, value)
+    with use_mesh(mesh):
+        batch = {k: jax.device_put(v, batch_sharding(mesh, v.ndim, batch_size=v.shape[0]))
+                 for k, v in synthetic_batch(8, 24, 64).items()}
+        metrics = learner.update_policy(batch)
+        if value is not None:
+            metrics.update(learner.update_value(batch))
+    leaves = [np.asarray(x) for x in jax.tree.leaves(learner.policy_state.params)]
+    return float(metrics["loss"]), leaves
+
+
+out = {}
+for algorithm in ("ppo", "grpo"):
+    single_loss, single = one_update(algorithm, make_mesh(devices=jax.devices()[:1]))
+    mesh_loss, sharded = one_update(algorithm, make_mesh(data=2, fsdp=4))
+    out[algorithm] = {"loss_single": single_loss, "loss_mesh": mesh_loss,
+                      "max_param_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(single, sharded))}
+print(json.dumps(out))
+sys.stdout.flush()

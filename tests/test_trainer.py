@@ -1,0 +1,287 @@
+"""The training loop: batching, exact micro-batching, the sharded step, learning on the toy task, SIGKILL resume,
+and bad input."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from models.config import LlamaConfig
+from models.llama import Llama, LlamaValueModel
+from rljax import batching
+from rljax.learner import Learner, LossConfig, OptimConfig
+from rljax.ppo import clipped_policy_loss
+from rljax.rollout import Trajectory
+from rljax.run_config import validate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def synthetic_batch(b: int, length: int, vocab: int, turns: int = 2, seed: int = 0) -> dict[str, np.ndarray]:
+    """A batch with every field the learner reads: prompts of varied length, two answers each, padding."""
+    rng = np.random.RandomState(seed)
+    lengths = rng.randint(length // 2, length + 1, b)
+    valid = np.arange(length)[None] < lengths[:, None]
+    sampled = (valid & (rng.rand(b, length) < 0.5)).astype(np.float32)
+    sampled[:, 0] = 0
+    turn = np.where(sampled > 0, (np.arange(length)[None] * turns // length), -1).astype(np.int32)
+    return {"tokens": rng.randint(0, vocab, (b, length)).astype(np.int32), "valid": valid,
+            "positions": np.tile(np.arange(length, dtype=np.int32), (b, 1)), "sampled": sampled,
+            "old_logp": (-3.0 + 0.3 * rng.randn(b, length)).astype(np.float32),
+            "ref_logp": (-3.0 + 0.3 * rng.randn(b, length)).astype(np.float32),
+            "advantages": (rng.randn(b, length) * sampled).astype(np.float32),
+            "weights": batching.aggregation_weights(sampled, "token_mean"),
+            "value_index": np.stack([np.zeros(b), lengths // 2], 1).astype(np.int32),
+            "turn_mask": np.ones((b, turns), np.float32),
+            "turn_weights": batching.aggregation_weights(np.ones((b, turns)), "token_mean"),
+            "old_values": rng.randn(b, turns).astype(np.float32), "returns": rng.randn(b, turns).astype(np.float32)}
+
+
+def _trajectory(prompt, answers, conts, rewards, group=0):
+    t = Trajectory("p", group)
+    t.append(prompt, sampled=False)
+    for k, answer in enumerate(answers):
+        t.value_positions.append(len(t.tokens) - 1)
+        t.append(answer, sampled=True, logprobs=[-1.0] * len(answer))
+        t.rewards.append(rewards[k])
+        t.statuses.append("retry")
+        if k < len(conts):
+            t.append(conts[k], sampled=False)
+    return t
+
+
+def test_build_batch_layout_and_turn_sums():
+    a = _trajectory([1, 2, 3], [[4, 5], [6]], [[7, 8]], [0.0, 1.0])
+    b = _trajectory([1], [[9, 9, 9]], [], [-0.2], group=1)
+    arrays = batching.build_batch([a, b], max_turns=3, length_bucket=4, pad_id=0)
+    assert arrays["tokens"].shape == (2, 8)
+    assert arrays["tokens"][0].tolist() == [1, 2, 3, 4, 5, 7, 8, 6]
+    assert arrays["sampled"][0].tolist() == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert arrays["turn_of_token"][0].tolist() == [-1, -1, -1, 0, 0, -1, -1, 1]
+    assert arrays["value_index"].tolist() == [[2, 6, 0], [0, 0, 0]]
+    assert arrays["turn_mask"].tolist() == [[1, 1, 0], [1, 0, 0]]
+    assert arrays["valid"][1].tolist() == [True] * 4 + [False] * 4
+    kl = np.arange(16, dtype=np.float64).reshape(2, 8)
+    sums = batching.per_turn_sums(kl, arrays["turn_of_token"], arrays["sampled"], 3)
+    assert sums.tolist() == [[3 + 4, 7, 0], [9 + 10 + 11, 0, 0]]  # feedback tokens (5, 6) are not summed
+    spread = batching.spread_over_turns(np.asarray([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), arrays["turn_of_token"])
+    assert spread[0].tolist() == [0, 0, 0, 1, 1, 0, 0, 2]
+
+
+def test_aggregation_weights_reproduce_the_aggregations():
+    rng = np.random.RandomState(0)
+    mask = (rng.rand(6, 10) < 0.4).astype(np.float32)
+    mask[2] = 0  # a row with no tokens
+    x = rng.randn(6, 10).astype(np.float32)
+    from rljax.ppo import masked_aggregate
+    for mode in ("token_mean", "sequence_mean"):
+        w = batching.aggregation_weights(mask, mode)
+        assert np.isclose((x * w).sum(), float(masked_aggregate(x, mask, mode)), atol=1e-6)
+    with pytest.raises(ValueError, match="aggregation"):
+        batching.aggregation_weights(mask, "sum")
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_micro_batches_give_the_full_batch_update(algorithm):
+    cfg = LlamaConfig.preset("tiny", vocab_size=64)
+    batch = {k: jax.numpy.asarray(v) for k, v in synthetic_batch(8, 20, 64).items()}
+    results = []
+    for micro in (1, 2, 4):
+        value = LlamaValueModel(cfg, rngs=nnx.Rngs(1)) if algorithm == "ppo" else None
+        learner = Learner(Llama(cfg, rngs=nnx.Rngs(0)), LossConfig(algorithm, kl_coef=0.1, kl_in_loss=True),
+                          OptimConfig(1e-3, 0), micro, value)
+        metrics = learner.update_policy(batch)
+        if value is not None:
+            metrics.update(learner.update_value(batch))
+        results.append((metrics, [np.asarray(x) for x in jax.tree.leaves(learner.policy_state.params)]))
+    for metrics, params in results[1:]:
+        assert np.isclose(float(metrics["loss"]), float(results[0][0]["loss"]), atol=1e-6)
+        assert max(np.max(np.abs(a - b)) for a, b in zip(params, results[0][1])) < 1e-6
+        if algorithm == "ppo":
+            assert np.isclose(float(metrics["value_loss"]), float(results[0][0]["value_loss"]), atol=1e-6)
+    if algorithm == "ppo":  # and the loss is the documented full-batch PPO loss
+        from rljax.learner import token_logprobs
+        logp, _ = token_logprobs(Llama(cfg, rngs=nnx.Rngs(0)), batch, 1.0)
+        reference, _ = clipped_policy_loss(logp, batch["old_logp"], batch["advantages"], batch["sampled"])
+        assert np.isclose(float(results[0][0]["policy_loss"]), float(reference), atol=1e-6)
+
+
+def test_sharded_train_step_matches_one_device():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "tests/_train_mesh_check.py"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for algorithm, r in result.items():
+        assert abs(r["loss_single"] - r["loss_mesh"]) < 1e-5, (algorithm, r)
+        assert r["max_param_diff"] < 1e-5, (algorithm, r)
+
+
+def _config(name: str, workdir: Path, **overrides):
+    import importlib
+
+    config = importlib.import_module(f"configs.{name}").get_config()
+    config.workdir = str(workdir)
+    config.log.progress = False
+    config.log.tensorboard = False
+    for key, value in overrides.items():
+        node = config
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    return config
+
+
+def _rise(history, n=5):
+    rewards = [row["reward/mean"] for row in history]
+    return float(np.mean(rewards[:n])), float(np.mean(rewards[-n:]))
+
+
+def test_ppo_learns_the_toy_task_with_feedback_turns(tmp_path):
+    from rljax.trainer import train
+
+    history = train(_config("rlef_tiny", tmp_path, total_steps=40))
+    start, end = _rise(history)
+    print(f"PPO (RLEF, 3 turns) reward: first 5 steps {start:+.3f}, last 5 steps {end:+.3f}")
+    assert end > start + 0.4
+    assert max(row["turns/mean"] for row in history) > 1.5  # the feedback turns were used
+    assert history[-1]["solve_rate/turn_3"] > history[-1]["solve_rate/turn_1"] > 0
+    assert all(abs(row["policy/sampler_logprob_max_diff"]) < 1e-4 for row in history)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    for key in ("reward/mean", "kl/ref_per_token", "train/clip_fraction", "train/value_loss",
+                "value/explained_variance", "response_length/mean", "perf/tokens_per_s", "perf/device_wait_share"):
+        assert key in rows[-1], key
+
+
+def test_grpo_learns_the_toy_task(tmp_path):
+    from rljax.trainer import train
+
+    history = train(_config("grpo_tiny", tmp_path, total_steps=30))
+    start, end = _rise(history)
+    print(f"GRPO (G=8) reward: first 5 steps {start:+.3f}, last 5 steps {end:+.3f}")
+    assert end > start + 0.25
+
+
+def _cli(workdir: Path, steps: int) -> list[str]:
+    return [sys.executable, "-m", "rljax.cli", "train", "--config", str(REPO / "configs/grpo_tiny.py"),
+            f"--config.workdir={workdir}", f"--config.total_steps={steps}", "--config.checkpoint.every=2",
+            "--config.rollout.problems_per_step=4", "--config.rollout.samples_per_problem=4",
+            "--config.log.progress=False"]
+
+
+def _deterministic(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
+
+
+def test_sigkill_between_checkpoints_then_resume_is_bit_exact(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    subprocess.run(_cli(straight, 7), cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
+    proc = subprocess.Popen(_cli(killed, 7), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:  # step 5 done, checkpoint 4 saved
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    resumed = subprocess.run(_cli(killed, 7), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stderr
+    read = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert [r["step"] for r in read(killed)] == list(range(1, 8))
+    assert _deterministic(read(killed)) == _deterministic(read(straight))
+
+
+def test_resume_required_without_checkpoint_fails_clearly(tmp_path):
+    from rljax.checkpointing import ResumeError
+    from rljax.trainer import Trainer
+
+    with pytest.raises(ResumeError, match="no checkpoint to resume from"):
+        Trainer(_config("grpo_tiny", tmp_path, **{"checkpoint.resume": "require"}))
+
+
+def test_bad_problems_are_counted_and_skipped(tmp_path):
+    from rljax.toy import toy_problems
+    from rljax.trainer import Trainer
+
+    rows = toy_problems(6)
+    rows[1]["private_tests"] = {"input": [], "output": []}
+    del rows[3]["public_tests"]
+    path = tmp_path / "problems.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trainer = Trainer(_config("grpo_tiny", tmp_path / "run", total_steps=1, **{
+        "data.source": "jsonl", "data.path": str(path), "rollout.problems_per_step": 4,
+        "rollout.samples_per_problem": 2}))
+    out = trainer.step()
+    trainer.close()
+    assert out.metrics["rollout/dialogs"] == 8
+    assert out.metrics["data/skipped_problems"] >= 1
+    assert all(t.problem not in (rows[1]["name"], rows[3]["name"]) for t in out.trajectories)
+
+
+def test_empty_answers_are_scored_and_trained_not_dropped(tmp_path):
+    """An answer that is only end-of-turn (empty text) gets the no-code reward, and a batch of them trains."""
+    from rljax import toy
+    from rljax.envs import RLEFEnv
+    from rljax.trainer import Trainer
+
+    result = RLEFEnv(max_turns=1, code_extractor=toy.digits_program).reset(toy.toy_problems(1)[0]).step("")
+    assert (result.reward, result.status) == (-0.2, "no_code")
+    trainer = Trainer(_config("grpo_tiny", tmp_path, total_steps=1))
+    trajectories = [_trajectory([toy.USER, 3, toy.EOT, toy.ASSISTANT], [[toy.EOT]], [], [-0.2], group=i // 8)
+                    for i in range(64)]
+    metrics = trainer._learn(trajectories)
+    trainer.close()
+    assert np.isfinite(metrics["train/loss"]) and metrics["train/grad_norm"] == 0.0  # all ties: no advantage
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("algo.name", "dpo", "config.algo.name: 'dpo' is not one of"),
+    ("rollout.problems_per_step", 0, "config.rollout.problems_per_step: expected a positive integer"),
+    ("train.micro_batches", 3, "does not divide the rollout batch"),
+    ("env.max_turns", 3, None),
+])
+def test_bad_config_values_fail_at_start(tmp_path, key, value, message):
+    config = _config("grpo_tiny", tmp_path, **{key: value})
+    if message is None:
+        validate(config)
+        return
+    with pytest.raises(ValueError, match=message):
+        validate(config)
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("[a-z]*.py")), ids=lambda p: p.stem)
+def test_every_shipped_config_loads_and_validates(path):
+    from rljax.cli import parse_run_config
+
+    config = parse_run_config(["--config", str(path), "--config.seed=7"])
+    validate(config)
+    assert config.seed == 7 and config.total_steps > 0 and config.workdir
+
+
+def test_cli_bad_config_is_one_line(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    for extra, message in (["--config.rollout.nope=1"], "the config has no key 'nope'"), \
+            (["--config.algo.name=dpo"], "config.algo.name: 'dpo' is not one of"):
+        proc = subprocess.run([sys.executable, "-m", "rljax.cli", "train", "--config",
+                               str(REPO / "configs/grpo_tiny.py"), f"--config.workdir={tmp_path}"] + extra,
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 1
+        assert proc.stderr.strip().splitlines() == [f"rljax train: error: {proc.stderr.split('error: ', 1)[1].strip()}"]
+        assert message in proc.stderr

@@ -104,9 +104,11 @@ def parse_run_config(argv: Sequence[str]) -> "ConfigDict":
     from ml_collections import config_flags
 
     values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "run config file (configs/NAME.py)", flag_values=values)
+    args = ["rljax"] + list(argv)
+    config_flags.DEFINE_config_file("config", None, "run config file (configs/NAME.py)", flag_values=values,
+                                    sys_argv=args)  # the overrides are found in these args, not sys.argv
     try:
-        values(["rljax"] + list(argv))
+        values(args)
         config = values.config
         if config is not None:
             config.to_dict()  # config_flags loads lazily: surface a broken file here

@@ -17,7 +17,7 @@ setup(
     install_requires=[
         "jax>=0.6", "flax>=0.11", "optax", "orbax-checkpoint", "grain", "sentencepiece", "tensorstore",
         "ml-collections", "safetensors", "tokenizers", "numpy", "tqdm", "matplotlib", "gguf", "absl-py",
-        "tensorboardX",
+        "tensorboardX", "pyarrow",
     ],
     extras_require={
         # torch: install the CPU build first (`pip install torch==2.13.0` here) or pip picks a CUDA build.

@@ -1,7 +1,8 @@
 """RLEF with PPO on Llama 3.1 8B Instruct and CodeContests (Gehring et al. 2025), for a TPU pod slice.
 
 Convert the weights first (`rljax convert --from-hf Llama-3.1-8B-Instruct --out ckpt/llama3_1_8b_instruct`)
-and point data.path at the CodeContests train problems as JSON lines. Paper settings: 3 answers per dialog,
+and point data.path at the CodeContests train parquet shards (the Hugging Face dataset's data/ directory or a
+glob such as data/train-*.parquet); problems without public or private tests are dropped and counted. Paper settings: 3 answers per dialog,
 feedback from the public tests, beta 0.05, lr 2e-7 with 50 warm-up steps, weight decay 0.1. Batch sizes and
 the mesh are our reading of the paper's scale for a v5p-64 slice (32 chips): 256 dialogs per step,
 4 micro-batches, parameters and optimizer state sharded over every chip (fsdp).
@@ -15,7 +16,10 @@ def get_config():
     c.total_steps = 12000
     c.model.checkpoint = "ckpt/llama3_1_8b_instruct"
     c.model.dtype = "bfloat16"
-    c.data.path = "data/code_contests_train.jsonl"
+    c.data.source = "code_contests"
+    c.data.path = "data/code_contests/train-*.parquet"
+    c.eval.source, c.eval.path = "code_contests", "data/code_contests/valid-*.parquet"
+    c.eval.n_at_k = "1@3,10@100"
     c.rollout.problems_per_step = 256
     c.rollout.max_new_tokens = 1024
     c.rollout.cache_capacity = 8192

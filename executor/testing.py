@@ -23,6 +23,18 @@ class Test:
 
 
 @dataclasses.dataclass(frozen=True)
+class AssertTest:
+    """HumanEval style: `test_code` runs after the solution (and `check(entry_point)` when given); `shown_input`
+    and `shown_expected` are what the feedback shows. Statements that print go to `actual` in the result."""
+
+    __test__ = False
+    test_code: str
+    entry_point: str | None = None
+    shown_input: str = ""
+    shown_expected: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class Limits:
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB
@@ -57,10 +69,13 @@ def limits_for_problem(problem: Mapping[str, Any], default: Limits = Limits()) -
     return Limits(time_limit, memory, default.output_limit_bytes)
 
 
-def run_tests(source: str, tests: Sequence[Test], limits: Limits = Limits(), stop_at_first_failure: bool = False
-              ) -> list[TestResult]:
-    """Run `source` on every test (a fresh process each, one sandbox for all); a test passes when the run is
-    `ok` and its stdout matches. With `stop_at_first_failure`, tests run one by one until the first failure."""
+def run_tests(source: str, tests: Sequence[Test | AssertTest], limits: Limits = Limits(),
+              stop_at_first_failure: bool = False) -> list[TestResult]:
+    """Run `source` on every test (a fresh process each, one sandbox for all); a stdin/stdout test passes when
+    the run is `ok` and its stdout matches. With `stop_at_first_failure`, tests run one by one until the first
+    failure. Assertion tests (`AssertTest`, all of one kind per call) run one sandbox each."""
+    if tests and isinstance(tests[0], AssertTest):
+        return _run_assert_tests(source, tests, limits, stop_at_first_failure)
     results: list[TestResult] = []
     if stop_at_first_failure:
         runs = (run_program(source, t.input, **limits.run_kwargs()) for t in tests)
@@ -87,6 +102,9 @@ __rljax_main()
 '''
 
 
+WRONG_RESULT_EXIT = 97  # an AssertTest's own check ends with this status when the value differs (not a crash)
+
+
 def run_assert_tests(source: str, test_code: str, entry_point: str | None = None, limits: Limits = Limits()
                      ) -> TestResult:
     """HumanEval style: run the solution, then `test_code` (and `check(entry_point)` when given).
@@ -94,6 +112,10 @@ def run_assert_tests(source: str, test_code: str, entry_point: str | None = None
     It passes only when the harness reaches its end and prints a per-run random token read from stdin, so a
     solution that exits early with status 0 (`sys.exit(0)`, `os._exit(0)`) does not fake a pass.
     """
+    return _run_assert(source, test_code, entry_point, limits)[0]
+
+
+def _run_assert(source: str, test_code: str, entry_point: str | None, limits: Limits) -> tuple[TestResult, RunResult]:
     token = secrets.token_hex(16)
     call = f"namespace['check'](namespace[{entry_point!r}])" if entry_point else "pass"
     program = _ASSERT_HARNESS % {"candidate": json.dumps(source), "tests": json.dumps(test_code), "call": call}
@@ -101,7 +123,24 @@ def run_assert_tests(source: str, test_code: str, entry_point: str | None = None
     finished = run.stdout.rstrip("\n").endswith("\n" + token) or run.stdout.strip() == token
     passed = run.status == "ok" and finished
     actual = run.stdout.replace(token, "").rstrip("\n")
-    return TestResult(0, passed, _status(run, passed), test_code, "", actual, run.stderr, run.wall_s)
+    return TestResult(0, passed, _status(run, passed), test_code, "", actual, run.stderr, run.wall_s), run
+
+
+def _run_assert_tests(source: str, tests: Sequence[AssertTest], limits: Limits, stop_at_first_failure: bool
+                      ) -> list[TestResult]:
+    results = []
+    for index, test in enumerate(tests):
+        if not isinstance(test, AssertTest):
+            raise TypeError(f"run_tests: test {index} is a {type(test).__name__}; do not mix test kinds in one call")
+        result, run = _run_assert(source, test.test_code, test.entry_point, limits)
+        if run.exit_code == WRONG_RESULT_EXIT and run.status == "runtime_error":  # a value, not a crash
+            lines = result.actual.splitlines()
+            result = dataclasses.replace(result, status="wrong_answer", stderr="", actual=lines[-1] if lines else "")
+        results.append(dataclasses.replace(result, index=index, input=test.shown_input or test.test_code,
+                                           expected=test.shown_expected))
+        if stop_at_first_failure and not result.passed:
+            break
+    return results
 
 
 def _status(run: RunResult, passed: bool) -> str:

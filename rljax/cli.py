@@ -1,4 +1,4 @@
-"""The `rljax` command: convert, generate, train, demo (later issues add eval, mine, plot)."""
+"""The `rljax` command: convert, generate, train, eval, plot, demo (and mine)."""
 from __future__ import annotations
 
 import argparse
@@ -72,30 +72,41 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-DEMO_PROMPTS = (
-    "Write a Python function that returns the sum of a list.",
-    "Write a Python program that reads two integers from stdin and prints their product.",
-)
-
-
 def _demo(args: argparse.Namespace) -> int:
-    import jax
+    from rljax.demo import format_summary, run_demo
 
-    from models.checkpoint import load_checkpoint, load_tokenizer
-    from models.pretrained import smollm2_checkpoint
-    from models.sampler import Sampler, SamplingParams
-
-    ckpt = smollm2_checkpoint(args.cache_dir)
-    print(f"SmolLM2-135M-Instruct checkpoint: {ckpt}")
-    model, tokenizer = load_checkpoint(ckpt), load_tokenizer(ckpt)
-    prompts = [tokenizer.encode_dialog([{"role": "user", "content": p}], add_generation_prompt=True)[0]
-               for p in DEMO_PROMPTS]
-    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0, stop_ids=tuple(tokenizer.eos_ids))
-    completions, _ = Sampler(model, tokenizer, pad_id=tokenizer.pad_id).generate(prompts, sampling,
-                                                                                 jax.random.key(0))
-    for prompt, completion in zip(DEMO_PROMPTS, completions):
-        print(f"\n>>> {prompt}\n{completion.text}")
+    _log_to_console()
+    summary = run_demo(args.workdir, args.steps, args.eval_problems, progress=not args.quiet)
+    print(format_summary(summary))
     return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from rljax.plots import plot_run
+
+    for path in plot_run(args.workdir, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def _mine(args: argparse.Namespace) -> int:
+    from rljax.data.mine import MineOptions, mine_repository, write_instances
+
+    options = MineOptions(args.max_files, args.max_diff_lines, args.context_files, not args.all_changes)
+    instances, report = mine_repository(args.repo, options)
+    path = write_instances(instances, args.out)
+    print(f"{report.summary()}; wrote {path}")
+    return 0
+
+
+def _log_to_console() -> None:
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    for name in ("rljax", "executor"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 def parse_run_config(argv: Sequence[str]) -> "ConfigDict":
@@ -127,15 +138,9 @@ def parse_run_config(argv: Sequence[str]) -> "ConfigDict":
 
 
 def _train(argv: Sequence[str]) -> int:
-    import logging
-
     from rljax.trainer import train
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    for name in ("rljax", "executor"):
-        logging.getLogger(name).addHandler(handler)
-        logging.getLogger(name).setLevel(logging.INFO)
+    _log_to_console()
     config = parse_run_config(argv)
     history = train(config)
     if history:
@@ -143,6 +148,36 @@ def _train(argv: Sequence[str]) -> int:
         print(f"step {last['step']}: reward/mean {last['reward/mean']:+.3f}, solve_rate/final "
               f"{last['solve_rate/final']:.3f}; metrics in {config.workdir}/metrics.jsonl")
     return 0
+
+
+def _eval(argv: Sequence[str]) -> int:
+    """Evaluate the run's policy (the workdir's latest checkpoint, else the config's model) on the eval set."""
+    from pathlib import Path
+
+    from rljax.evaluation import Evaluator, format_table, write_report
+    from rljax.plots import EVAL_DIR
+    from rljax.trainer import Trainer
+
+    _log_to_console()
+    config = parse_run_config(argv)
+    config.checkpoint.resume = "auto"
+    trainer = Trainer(config)
+    try:
+        evaluator = Evaluator(config, trainer.learner.policy_model(), trainer.tokenizer, trainer.mesh)
+        try:
+            report = evaluator.run(progress=config.log.progress)
+        finally:
+            evaluator.close()
+    finally:
+        trainer.close()
+    report["step"] = trainer.step_count
+    path = write_report(report, Path(config.workdir) / EVAL_DIR / f"step{trainer.step_count:04d}_eval.json")
+    print(format_table(report))
+    print(f"wrote {path}")
+    return 0
+
+
+CONFIG_COMMANDS = {"train": _train, "eval": _eval}  # their flags belong to ml_collections' config_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,17 +203,34 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text")
     gen.set_defaults(func=_generate)
     sub.add_parser("train", help="train: rljax train --config configs/NAME.py [--config.key=value ...]")
-    demo = sub.add_parser("demo", help="the embedded default job on SmolLM2-135M-Instruct (no download)")
-    demo.add_argument("--cache-dir", default=None)
-    demo.add_argument("--max-new-tokens", type=int, default=96)
+    sub.add_parser("eval", help="evaluate a run's policy (n@k, 95%% CIs): rljax eval --config configs/NAME.py "
+                                "[--config.eval.key=value ...]")
+    plot = sub.add_parser("plot", help="PNG plots of a run's metrics and evaluations")
+    plot.add_argument("workdir")
+    plot.add_argument("--out", default=None, help="directory for the PNGs (default WORKDIR/plots)")
+    plot.set_defaults(func=_plot)
+    mine = sub.add_parser("mine", help="SWE-RL instances from a local git repository's history")
+    mine.add_argument("--repo", required=True)
+    mine.add_argument("--out", required=True, help="output JSON lines (rows for SWERLEnv)")
+    mine.add_argument("--max-files", type=int, default=5, help="skip changes touching more files")
+    mine.add_argument("--max-diff-lines", type=int, default=500, help="skip changes with more added+deleted lines")
+    mine.add_argument("--context-files", type=int, default=2, help="unchanged files added to each instance")
+    mine.add_argument("--all-changes", action="store_true", help="keep changes that do not say they fix something")
+    mine.set_defaults(func=_mine)
+    demo = sub.add_parser("demo", help="RLEF PPO on SmolLM2-135M-Instruct and the bundled problems: evaluate, "
+                                       "train, evaluate, plot (no download)")
+    demo.add_argument("--workdir", default="runs/demo")
+    demo.add_argument("--steps", type=int, default=8)
+    demo.add_argument("--eval-problems", type=int, default=32)
+    demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=_demo)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:  # its flags belong to ml_collections' config_flags, not argparse
-        return _run("train", lambda: _train(argv[1:]))
+    if argv[:1] and argv[0] in CONFIG_COMMANDS:
+        return _run(argv[0], lambda: CONFIG_COMMANDS[argv[0]](argv[1:]))
     args = build_parser().parse_args(argv)
     return _run(args.command, lambda: args.func(args))
 

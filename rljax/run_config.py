@@ -27,7 +27,9 @@ def base_config() -> ConfigDict:
 
     c.model = ConfigDict({"preset": "", "overrides": {}, "init_seed": 0, "checkpoint": "", "pretrained": "",
                           "dtype": ""})
-    c.data = ConfigDict({"source": "jsonl", "path": "", "toy_count": 10, "toy_digits": 1})
+    # source: toy | jsonl (path) | bundled (the demo problems) | humaneval | code_contests (path: shards dir/glob)
+    c.data = ConfigDict({"source": "jsonl", "path": "", "toy_count": 10, "toy_digits": 1, "max_problems": 0,
+                         "generated_as_private": False})
     c.env = ConfigDict({
         "name": "rlef", "max_turns": 3, "feedback_mode": "full", "code_builder": "python_block", "prompt": "",
         "rewards": {"solved": 1.0, "failed": -1.0, "no_code": -0.2, "intermediate": 0.0},
@@ -46,18 +48,25 @@ def base_config() -> ConfigDict:
     c.mesh = ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
     c.checkpoint = ConfigDict({"every": 50, "keep": 3, "async_save": True, "resume": "auto"})
     c.log = ConfigDict({"tensorboard": True, "progress": True})
+    # evaluation (rljax eval, the demo): source "" = the training data; n_at_k a comma list like "1@3,10@100"
+    c.eval = ConfigDict({"source": "", "path": "", "max_problems": 0, "samples_per_problem": 1, "temperature": 0.2,
+                         "top_p": 1.0, "max_new_tokens": 0, "n_at_k": "1@3", "batch_dialogs": 16,
+                         "bootstrap_resamples": 2000, "seed": 0})
     return c
 
 
+DATA_SOURCES = ("toy", "jsonl", "bundled", "humaneval", "code_contests")
 CHOICES = {
     "algo.name": ALGORITHMS, "algo.aggregation": AGGREGATIONS, "algo.kl_estimator": KL_ESTIMATORS,
     "algo.kl_placement": KL_PLACEMENTS, "env.name": ("rlef", "swerl"), "env.feedback_mode": ("full", "none", "unrelated"),
-    "env.code_builder": ("python_block", "digits"), "codec": ("chat", "digits"), "data.source": ("toy", "jsonl"),
+    "env.code_builder": ("python_block", "digits"), "codec": ("chat", "digits"),
+    "data.source": DATA_SOURCES, "eval.source": ("",) + DATA_SOURCES,
     "checkpoint.resume": ("auto", "require", "never"),
 }
 POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_problem", "rollout.max_new_tokens",
             "rollout.cache_capacity", "rollout.length_bucket", "rollout.num_chunks", "train.micro_batches",
-            "train.seq_bucket", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs")
+            "train.seq_bucket", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs",
+            "eval.samples_per_problem", "eval.batch_dialogs", "eval.bootstrap_resamples")
 
 
 def _get(config: ConfigDict, dotted: str) -> Any:
@@ -88,6 +97,17 @@ def validate(config: ConfigDict) -> None:
     if not 0 < config.rollout.top_p <= 1 or config.rollout.temperature <= 0:
         raise ValueError("config.rollout: training samples need temperature > 0 and top_p in (0, 1], got "
                          f"temperature={config.rollout.temperature}, top_p={config.rollout.top_p}")
+    if not 0 < config.eval.top_p <= 1 or config.eval.temperature < 0:
+        raise ValueError("config.eval: need temperature >= 0 (0 = greedy) and top_p in (0, 1], got "
+                         f"temperature={config.eval.temperature}, top_p={config.eval.top_p}")
+    from rljax.eval import parse_n_at_k
+
+    for spec in config.eval.n_at_k.split(","):
+        if spec.strip():
+            try:
+                parse_n_at_k(spec)
+            except ValueError as err:
+                raise ValueError(f"config.eval.n_at_k: {err}") from None
     if config.env.name == "swerl" and config.env.max_turns != 1:
         raise ValueError("config.env.max_turns: SWE-RL has a single turn; set it to 1")
     model = config.model
@@ -135,16 +155,52 @@ def build_codec(config: ConfigDict, tokenizer: Any) -> Any:
 
 
 def load_rows(cfg: ConfigDict) -> list[dict[str, Any]]:
+    """The problem rows a data block names (`max_problems` > 0 keeps the first that many)."""
     if cfg.source == "toy":
         from rljax.toy import toy_problems
 
-        return toy_problems(cfg.toy_count, cfg.toy_digits)
-    from rljax.problems import load_jsonl
+        rows = toy_problems(cfg.toy_count, cfg.toy_digits)
+    elif cfg.source == "bundled":
+        from rljax.data import bundled_problems
 
-    return load_jsonl(cfg.path)
+        rows = bundled_problems()
+    elif cfg.source == "humaneval":
+        from rljax.data import load_humaneval
+
+        rows = load_humaneval(cfg.path or None)
+    elif cfg.source == "code_contests":
+        import logging
+
+        from rljax.data import load_code_contests
+
+        if not cfg.path:
+            raise ValueError("config.data.path: code_contests needs the parquet shards' directory or glob")
+        rows, report = load_code_contests(cfg.path, cfg.get("generated_as_private", False))
+        logging.getLogger("rljax.data").info("CodeContests %s: %s", cfg.path, report.summary())
+    else:
+        from rljax.problems import load_jsonl
+
+        if not cfg.path:
+            raise ValueError("config.data.path: the jsonl source needs a path")
+        rows = load_jsonl(cfg.path)
+    limit = cfg.get("max_problems") or 0
+    return rows[:limit] if limit > 0 else rows
 
 
-def build_env(cfg: ConfigDict, rows: list[dict[str, Any]]) -> Any:
+def eval_rows(config: ConfigDict) -> list[dict[str, Any]]:
+    """The eval set: `eval.source`/`eval.path` if set, else the training data; `eval.max_problems` caps it."""
+    data = config.data.copy_and_resolve_references()
+    if config.eval.source:
+        data.source, data.path = config.eval.source, config.eval.path
+    data.max_problems = config.eval.max_problems
+    rows = load_rows(data)
+    if not rows:
+        raise ValueError(f"evaluation: the eval set ({data.source}) is empty")
+    return rows
+
+
+def build_env(cfg: ConfigDict, rows: list[dict[str, Any]], data_source: str = "") -> Any:
+    """The environment; HumanEval rows carry their whole prompt, so their env prompt is "{description}"."""
     if cfg.name == "swerl":
         return SWERLEnv(cfg.reward_variant)
     if cfg.code_builder == "digits":
@@ -154,6 +210,8 @@ def build_env(cfg: ConfigDict, rows: list[dict[str, Any]]) -> Any:
     else:
         builder = extract_code
     kwargs = {"prompt": cfg.prompt} if cfg.get("prompt") else {}
+    if data_source == "humaneval":
+        kwargs = {"prompt": "{description}"}
     return RLEFEnv(max_turns=cfg.max_turns, rewards=RLEFRewards(**dict(cfg.rewards)), feedback_mode=cfg.feedback_mode,
                    default_limits=Limits(cfg.time_limit_s, cfg.memory_limit_mb), use_problem_limits=cfg.use_problem_limits,
                    code_extractor=builder, unrelated_problems=rows if cfg.feedback_mode == "unrelated" else (),

@@ -59,7 +59,7 @@ class Trainer:
                                value_model, optim_config(config.value_optim))
         self.codec = build_codec(config, self.tokenizer)
         rows = load_rows(config.data)
-        self.env = build_env(config.env, rows)
+        self.env = build_env(config.env, rows, data_source=config.data.source)
         self.stream = ProblemStream(rows, self.env.reset, config.seed, jax.process_index(), jax.process_count())
         r = config.rollout
         self.sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from executor.extract import extract_code
 from executor.feedback import MODES, NO_CODE, RETRY, feedback_text
-from executor.testing import Limits, Test, TestResult, limits_for_problem, run_tests
+from executor.testing import WRONG_RESULT_EXIT, AssertTest, Limits, Test, TestResult, limits_for_problem, run_tests
 from models.chat import Message
 from rljax.envs.base import ProblemError, StepResult, require_fields
 
@@ -35,9 +35,30 @@ class RLEFRewards:
 class CodeProblem:
     name: str
     description: str
-    public_tests: tuple[Test, ...]
-    private_tests: tuple[Test, ...]
+    public_tests: tuple[Test, ...] | tuple[AssertTest, ...]
+    private_tests: tuple[Test, ...] | tuple[AssertTest, ...]
     limits: Limits
+
+
+TEST_KINDS = ("stdio", "assert")
+_EXAMPLE_CHECK = """__rljax_got = {call}
+print(repr(__rljax_got))
+def __rljax_same(a, b):
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-6
+    return a == b
+if not __rljax_same(__rljax_got, {expected}):
+    raise SystemExit(%d)
+""" % WRONG_RESULT_EXIT
+
+
+def _assert_tests(public: tuple[Test, ...], private: tuple[Test, ...], entry_point: str
+                  ) -> tuple[tuple[AssertTest, ...], tuple[AssertTest, ...]]:
+    """Assertion-test rows (HumanEval): a public test's input is a call and its output the expected value (a
+    Python literal); a private test's input is test code defining `check`, run as `check(entry_point)`."""
+    shown = tuple(AssertTest(_EXAMPLE_CHECK.format(call=t.input, expected=t.output), None, t.input, t.output)
+                  for t in public)
+    return shown, tuple(AssertTest(t.input, entry_point) for t in private)
 
 
 def _tests(row: Mapping[str, Any], field: str, name: str) -> tuple[Test, ...]:
@@ -54,10 +75,23 @@ def _tests(row: Mapping[str, Any], field: str, name: str) -> tuple[Test, ...]:
 
 def parse_problem(row: Mapping[str, Any], default_limits: Limits = Limits(),
                   use_problem_limits: bool = True) -> CodeProblem:
-    """A CodeContests-schema row as a `CodeProblem`; a row without public or private tests is refused."""
+    """A CodeContests-schema row as a `CodeProblem`; a row without public or private tests is refused.
+
+    `test_kind` "assert" (HumanEval rows, with `entry_point`) makes assertion tests of the same fields; such a
+    row may lack public tests (no docstring example): its first answer is then judged on the private tests.
+    """
     require_fields(row, ("name", "description", "public_tests", "private_tests"), "RLEF")
     name = str(row["name"])
     public, private = _tests(row, "public_tests", name), _tests(row, "private_tests", name)
+    kind = row.get("test_kind", "stdio")
+    if kind not in TEST_KINDS:
+        raise ProblemError(f"RLEF problem {name!r}: test_kind {kind!r} is not one of {list(TEST_KINDS)}")
+    if kind == "assert":
+        if not private or not row.get("entry_point"):
+            raise ProblemError(f"RLEF problem {name!r}: assertion tests need private tests and an entry_point")
+        limits = limits_for_problem(row, default_limits) if use_problem_limits else default_limits
+        return CodeProblem(name, str(row["description"]), *_assert_tests(public, private, str(row["entry_point"])),
+                           limits)
     if not public:
         raise ProblemError(f"RLEF problem {name!r}: no public tests (the feedback turns need them)")
     if not private:

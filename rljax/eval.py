@@ -5,9 +5,11 @@ a product so that n = 200 does not overflow.
 
 n@k (RLEF, after AlphaCode): a budget of k *answers* per problem, where every turn of a dialog is one answer.
 Dialogs are drawn from the problem's pool in random order while their turns fit the budget; the final answers of
-the drawn dialogs that pass the public tests are the candidates, up to n of them (chosen at random) are
-submitted, and the problem counts as solved when one submission passes all tests. 1@3 with 3-turn dialogs is the
-fraction of dialogs solved. The expectation over draws is estimated by Monte-Carlo with a fixed seed.
+the drawn dialogs that pass the public tests are the candidates, the first n of them (in the order they were
+sampled) are submitted, and the problem counts as solved when one submission passes all tests. A dialog stops
+early only when its answer passes the public tests, so 1@3 with 3-turn dialogs is exactly the fraction of
+dialogs solved. When the pool holds fewer than k answers, each draw uses the whole pool. The expectation over
+draws is estimated by Monte-Carlo with a fixed seed.
 """
 from __future__ import annotations
 
@@ -45,18 +47,12 @@ def parse_n_at_k(spec: str) -> tuple[int, int]:
 
 
 def n_at_k(dialogs: Sequence[DialogOutcome], n: int, k: int, draws: int = 2000, seed: int = 0) -> float:
-    """Expected n@k of one problem from its pool of dialogs (Monte-Carlo over `draws` random orders).
-
-    The pool must hold at least k answers in total, so that every draw can spend the whole budget.
-    """
+    """Expected n@k of one problem from its pool of dialogs (Monte-Carlo over `draws` random orders)."""
     if not dialogs:
         raise ValueError("n_at_k: the problem has no dialogs")
     turns = np.asarray([d.turns for d in dialogs])
     if turns.min() < 1:
         raise ValueError("n_at_k: every dialog needs at least one answer")
-    if turns.sum() < k:
-        raise ValueError(f"n_at_k: the pool has {int(turns.sum())} answers in {len(dialogs)} dialogs, fewer than "
-                         f"the budget k={k}; sample more dialogs per problem")
     public = np.asarray([d.passed_public for d in dialogs])
     solved = np.asarray([d.solved for d in dialogs])
     if not solved.any():
@@ -66,9 +62,7 @@ def n_at_k(dialogs: Sequence[DialogOutcome], n: int, k: int, draws: int = 2000, 
     for _ in range(draws):
         order = rng.permutation(len(dialogs))
         taken = order[np.cumsum(turns[order]) <= k]
-        candidates = taken[public[taken]]
-        if len(candidates) > n:
-            candidates = rng.choice(candidates, n, replace=False)
+        candidates = taken[public[taken]][:n]
         hits += bool(solved[candidates].any())
     return hits / draws
 

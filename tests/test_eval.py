@@ -37,8 +37,9 @@ def test_n_at_k_on_constructed_pools():
     # answers that fail public tests are never submitted ahead of a public-passing one
     assert n_at_k([DialogOutcome(1, False, False)] * 3 + [solved1], 1, 4) == 1.0
     assert n_at_k([fail3] * 5, 10, 15) == 0.0
-    with pytest.raises(ValueError, match="fewer than the budget"):
-        n_at_k([solved1], 1, 3)
+    assert n_at_k([solved1], 1, 3) == 1.0  # a pool smaller than the budget: every draw takes all of it
+    # 1@3 is the first dialog's outcome: a solved dialog is never displaced by a later public-passing decoy
+    assert n_at_k([solved1, decoy, fail3], 1, 3) == pytest.approx(1 / 3, abs=0.03)  # = fraction solved
     assert parse_n_at_k("10@100") == (10, 100)
     with pytest.raises(ValueError, match="expected 'n@k'"):
         parse_n_at_k("3@1")
@@ -101,6 +102,8 @@ def test_eval_run_and_plots_on_the_toy_task(tmp_path, capsys):
     for d in report["dialogs"]:
         by_problem.setdefault(d["problem"], []).append(DialogOutcome(d["turns"], d["passed_public"], d["solved"]))
     assert m["1@3"]["value"] == pytest.approx(np.mean([n_at_k(ds, 1, 3) for ds in by_problem.values()]))
+    per_problem_solved = [np.mean([o.solved for o in ds]) for ds in by_problem.values()]
+    assert m["1@3"]["value"] == pytest.approx(np.mean(per_problem_solved), abs=0.03)  # 1@3 = fraction solved
     assert m["1@3"]["ci95_low"] <= m["1@3"]["value"] <= m["1@3"]["ci95_high"]
     assert 0.0 <= m["2@6"]["value"] <= 1.0 and sum(m["status"].values()) == 18
     assert "1@3" in format_table(report)

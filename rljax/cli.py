@@ -220,8 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="RLEF PPO on SmolLM2-135M-Instruct and the bundled problems: evaluate, "
                                        "train, evaluate, plot (no download)")
     demo.add_argument("--workdir", default="runs/demo")
-    demo.add_argument("--steps", type=int, default=8)
-    demo.add_argument("--eval-problems", type=int, default=32)
+    demo.add_argument("--steps", type=int, default=2)
+    demo.add_argument("--eval-problems", type=int, default=8)
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=_demo)
     return parser

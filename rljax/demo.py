@@ -39,7 +39,7 @@ def _fresh_workdir(workdir: Path) -> None:
     (workdir / "demo.started").write_text("")
 
 
-def run_demo(workdir: str = "runs/demo", steps: int = 8, eval_problems: int = 32, progress: bool = True,
+def run_demo(workdir: str = "runs/demo", steps: int = 2, eval_problems: int = 8, progress: bool = True,
              config: ConfigDict | None = None) -> dict[str, Any]:
     """Run the demo; returns (and writes to WORKDIR/demo_summary.json) its summary."""
     from rljax.evaluation import Evaluator, format_table, write_report

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import json
-import logging
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,7 +23,6 @@ from models.sharding import use_mesh
 from rljax import eval as estimators
 from rljax.rollout import RolloutRunner, Trajectory
 
-log = logging.getLogger("rljax.evaluation")
 PASSED_PUBLIC = ("solved", "failed_private")  # RLEF final statuses whose answer passed the public tests
 
 

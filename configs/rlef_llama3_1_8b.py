@@ -5,7 +5,8 @@ and point data.path at the CodeContests train parquet shards (the Hugging Face d
 glob such as data/train-*.parquet); problems without public or private tests are dropped and counted. Paper settings: 3 answers per dialog,
 feedback from the public tests, beta 0.05, lr 2e-7 with 50 warm-up steps, weight decay 0.1. Batch sizes and
 the mesh are our reading of the paper's scale for a v5p-64 slice (32 chips): 256 dialogs per step,
-4 micro-batches, parameters and optimizer state sharded over every chip (fsdp).
+8 micro-batches (one dialog per chip each), full rematerialisation, parameters and optimizer state sharded over
+every chip (fsdp). `rljax plan --config configs/rlef_llama3_1_8b.py --topology v5p-64` shows the memory.
 """
 from rljax.run_config import base_config
 
@@ -15,7 +16,9 @@ def get_config():
     c.workdir = "runs/rlef_llama3_1_8b"
     c.total_steps = 12000
     c.model.checkpoint = "ckpt/llama3_1_8b_instruct"
+    c.model.architecture = "llama3_1_8b"
     c.model.dtype = "bfloat16"
+    c.model.remat = "full"  # without it one micro-batch's activations need ~10x a chip's HBM (rljax plan)
     c.data.source = "code_contests"
     c.data.path = "data/code_contests/train-*.parquet"
     c.eval.source, c.eval.path = "code_contests", "data/code_contests/valid-*.parquet"
@@ -25,7 +28,7 @@ def get_config():
     c.rollout.cache_capacity = 8192
     c.rollout.length_bucket = 256
     c.rollout.num_chunks = 4
-    c.train.micro_batches = 4
+    c.train.micro_batches = 8  # one 8k-token dialog per chip per micro-batch
     c.train.seq_bucket = 512
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
     c.checkpoint.every = 100

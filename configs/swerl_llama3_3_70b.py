@@ -3,7 +3,7 @@
 Paper settings as we read them: 32 issues per step with G = 16 responses each (512 sequences), advantage
 (r - mean) / std within each group, KL to the reference in the loss, lr 1e-6, up to 16k-token contexts,
 one turn. Mined instances (`rljax mine`) go in data.path. Mesh for a v5p-256 slice: fsdp x tensor 4,
-16 micro-batches.
+16 micro-batches (one 16k-token sequence per chip each), full rematerialisation (see `rljax plan`).
 """
 from rljax.run_config import base_config
 
@@ -13,7 +13,9 @@ def get_config():
     c.workdir = "runs/swerl_llama3_3_70b"
     c.total_steps = 1600
     c.model.checkpoint = "ckpt/llama3_3_70b_instruct"
+    c.model.architecture = "llama3_3_70b"
     c.model.dtype = "bfloat16"
+    c.model.remat = "full"
     c.data.path = "data/swerl_instances.jsonl"
     c.env.name = "swerl"
     c.env.max_turns = 1

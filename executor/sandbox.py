@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import resource
 import selectors
 import shutil
 import signal
@@ -25,8 +24,8 @@ import warnings
 from pathlib import Path
 
 log = logging.getLogger("executor.sandbox")
-# JAX warns at every fork of a multithreaded process. Our forked children only make raw syscalls (setsid,
-# setrlimit, setuid, kill) before exec or _exit, taking no lock another thread could hold, so it is safe.
+# JAX warns at every fork of a multithreaded process. Our children run no Python between fork and exec (session,
+# uid and groups are set by subprocess in C; rlimits by an exec'd helper), so no lock of another thread is taken.
 warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
 
 STATUSES = ("ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error")
@@ -107,36 +106,49 @@ def _bwrap_command(scratch: str, python: str, script: str, mount_proc: bool = Tr
     return cmd
 
 
-def _limits(uid: int | None, time_limit_s: float, memory_limit_mb: int, file_limit_bytes: int):
-    def apply() -> None:  # runs in the child between fork and exec
-        os.setsid()
-        mem = memory_limit_mb * 2**20
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        cpu = int(time_limit_s) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit_bytes, file_limit_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
-    return apply
+def _rlimits(uid: int | None, time_limit_s: float, memory_limit_mb: int, file_limit_bytes: int
+             ) -> list[tuple[str, int, int]]:
+    """(name, soft, hard) of each rlimit a run gets; a process-count limit only binds a non-root uid."""
+    mem, cpu = memory_limit_mb * 2**20, int(time_limit_s) + 1
+    limits = [("as", mem, mem), ("cpu", cpu, cpu + 1), ("fsize", file_limit_bytes, file_limit_bytes),
+              ("core", 0, 0), ("nofile", 256, 256)]
+    if uid is not None:
+        limits.append(("nproc", MAX_PROCESSES, MAX_PROCESSES))
+    return limits
+
+
+# Sets the rlimits named before "--", then execs what follows: the fallback where util-linux prlimit is missing.
+_SETRLIMIT_EXEC = ("import os, resource, sys\n"
+                   "cut = sys.argv.index('--')\n"
+                   "for spec in sys.argv[1:cut]:\n"
+                   "    name, soft, hard = spec.split(':')\n"
+                   "    resource.setrlimit(getattr(resource, 'RLIMIT_' + name.upper()), (int(soft), int(hard)))\n"
+                   "os.execvp(sys.argv[cut + 1], sys.argv[cut + 1:])\n")
+
+
+def limits_prefix(limits: list[tuple[str, int, int]], use_prlimit: bool | None = None) -> list[str]:
+    """A command prefix that applies `limits` to itself and then execs the command after it.
+
+    The limits are set by an exec'd helper (util-linux `prlimit`, or a small Python launcher) rather than in a
+    `preexec_fn`: Python code between fork and exec can deadlock in a multithreaded host such as JAX's.
+    """
+    if use_prlimit is None:
+        use_prlimit = shutil.which("prlimit") is not None
+    if use_prlimit:
+        return ["prlimit"] + [f"--{name}={soft}:{hard}" for name, soft, hard in limits] + ["--"]
+    return [interpreter(), "-I", "-S", "-c", _SETRLIMIT_EXEC] + [f"{n}:{s}:{h}" for n, s, h in limits] + ["--"]
+
+
+def _as_uid(uid: int | None) -> dict[str, object]:
+    """Popen arguments that start the child as `uid` (done by subprocess in C, between fork and exec)."""
+    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
 
 def _kill_uid(uid: int) -> None:
-    """SIGKILL every process owned by `uid` (a forked helper drops to it and signals -1)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            os.kill(-1, signal.SIGKILL)
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+    """SIGKILL every process owned by `uid` (a helper started as that uid signals -1, itself included)."""
+    subprocess.run([interpreter(), "-I", "-S", "-c", "import os, signal; os.kill(-1, signal.SIGKILL)"],
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={},
+                   cwd="/", **_as_uid(uid))
 
 
 def _status(exit_code: int, stderr: str, timed_out: bool, over_output: bool, cpu_s: float, time_limit_s: float,
@@ -186,10 +198,10 @@ def sandboxed_python(files: dict[str, str], script: str, stdin: bytes, *, wall_l
         else:
             cmd, cwd = [python, "-I", "-S", os.path.join(scratch, script)], scratch
         try:
+            cmd = limits_prefix(_rlimits(uid, cpu_limit_s, memory_limit_mb, output_limit_bytes)) + cmd
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env={} if isolation == "bwrap" else {"PATH": "/usr/bin:/bin", "HOME": scratch},
-                                    cwd=cwd, close_fds=True,
-                                    preexec_fn=_limits(uid, cpu_limit_s, memory_limit_mb, output_limit_bytes))
+                                    cwd=cwd, close_fds=True, start_new_session=True, **_as_uid(uid))
         except OSError as error:
             return _RawRun(b"", f"sandbox: {error}".encode(), None, time.monotonic() - start, 0.0, False, False,
                            isolation)

@@ -106,11 +106,14 @@ def model_from_params(cfg: LlamaConfig, params: dict[str, Any], mesh: Mesh | Non
 
 
 def load_checkpoint(ckpt_dir: str | Path, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES,
-                    dtype: str | None = None) -> Llama:
-    """Restore an rljax checkpoint as a model (optionally sharded on `mesh`, optionally cast to `dtype`)."""
+                    dtype: str | None = None, remat: str | None = None) -> Llama:
+    """Restore an rljax checkpoint as a model (optionally sharded on `mesh`, cast to `dtype`, with another
+    rematerialisation policy for training)."""
     cfg, params = read_params(ckpt_dir, mesh, rules)
     if dtype is not None:
         cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
+    if remat is not None:
+        cfg = cfg.replace(remat=remat)
     return model_from_params(cfg, params, mesh, rules)
 
 

@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from models.llama import KVCache, Llama
-from models.sharding import DEFAULT_RULES, Rules, batch_sharding, constrain, use_mesh
+from models.sharding import DEFAULT_RULES, Rules, batch_sharding, constrain, host_array, use_mesh
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = "eos", "stop", "length"
 _CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
@@ -320,7 +320,7 @@ class Sampler:
         active = [t is not None for t in new_tokens]
         if not any(active):
             raise ValueError("Sampler.extend: every dialog is None; nothing to continue")
-        last = np.asarray(state.last_b)
+        last = host_array(state.last_b)
         segments = [[int(last[b])] + list(t) if t is not None else [self.pad_id] for b, t in enumerate(new_tokens)]
         longest = max(len(s) for s in segments)
         used = int(state.cache.index)
@@ -331,7 +331,7 @@ class Sampler:
                              f"{sampling.max_new_tokens} to generate) but the cache holds {capacity}; "
                              f"pass a larger cache_capacity to generate()")
         width = min(_round_up(longest, self.length_bucket), capacity - used - sampling.max_new_tokens)
-        positions = np.asarray(state.position_b)
+        positions = host_array(state.position_b)
         if int(positions.max()) + longest + sampling.max_new_tokens > self.model.config.max_position_embeddings:
             raise ValueError("Sampler.extend: the dialog would exceed the model's max_position_embeddings "
                              f"({self.model.config.max_position_embeddings})")
@@ -367,8 +367,8 @@ class Sampler:
             raise ValueError(f"Sampler: token ids must be in [0, {vocab}), got range [{tokens.min()}, {tokens.max()}]")
         graphdef, params = nnx.split(self.model)
         temperature, top_p = self._scalars(sampling)
-        inputs = self._place((jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(start_positions, jnp.int32),
-                              jnp.asarray(active), jnp.asarray(last, jnp.int32)))
+        inputs = self._place((tokens, mask, np.asarray(start_positions, np.int32), np.asarray(active, bool),
+                              np.asarray(last, np.int32)))
         return _prefill(graphdef, params, cache, *inputs, key, temperature, top_p, static=self._static(sampling),
                         mesh_rules=self._mesh_rules)
 
@@ -396,7 +396,7 @@ class Sampler:
     def _apply_stop_strings(self, state: SamplerState, stop_strings: tuple[str, ...], checked: np.ndarray,
                             stopped: np.ndarray) -> SamplerState:
         """Search the new text of each row not yet searched in its final form; cut rows that hit a stop string."""
-        tokens, counts, done = (np.asarray(x) for x in (state.tokens_bn, state.count_b, state.done_b))
+        tokens, counts, done = (host_array(x) for x in (state.tokens_bn, state.count_b, state.done_b))
         cut = np.full(len(counts), -1, np.int32)
         for b in np.flatnonzero(~checked & (counts > 0)):
             cut[b] = self._stop_cut(tokens[b, :counts[b]].tolist(), stop_strings)
@@ -421,7 +421,7 @@ class Sampler:
         return lo
 
     def _completions(self, state: SamplerState, sampling: SamplingParams, stopped: np.ndarray) -> list[Completion]:
-        tokens, logprobs, counts = (np.asarray(x) for x in (state.tokens_bn, state.logprobs_bn, state.count_b))
+        tokens, logprobs, counts = (host_array(x) for x in (state.tokens_bn, state.logprobs_bn, state.count_b))
         stop_ids = set(sampling.stop_ids)
         out = []
         for b in range(len(counts)):

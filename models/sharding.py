@@ -37,20 +37,25 @@ DEFAULT_RULES: Rules = (
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar("rljax_mesh", default=None)
 
 
-def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh; one axis may be -1 to take the remaining devices."""
-    devices = list(devices if devices is not None else jax.devices())
+def mesh_shape(data: int, fsdp: int, tensor: int, device_count: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) sizes for `device_count` devices; one axis may be -1 to take the remaining devices."""
     sizes = [data, fsdp, tensor]
     if sizes.count(-1) > 1:
         raise ValueError(f"mesh: at most one axis may be -1, got data={data} fsdp={fsdp} tensor={tensor}")
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
-        if len(devices) % known:
-            raise ValueError(f"mesh: {len(devices)} devices do not divide into data*fsdp*tensor={sizes}")
-        sizes[sizes.index(-1)] = len(devices) // known
-    if math.prod(sizes) != len(devices):
-        raise ValueError(f"mesh: data*fsdp*tensor = {math.prod(sizes)} but {len(devices)} devices are available")
-    return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+        if device_count % known:
+            raise ValueError(f"mesh: {device_count} devices do not divide into data*fsdp*tensor={sizes}")
+        sizes[sizes.index(-1)] = device_count // known
+    if math.prod(sizes) != device_count:
+        raise ValueError(f"mesh: data*fsdp*tensor = {math.prod(sizes)} but {device_count} devices are available")
+    return sizes[0], sizes[1], sizes[2]
+
+
+def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: every device of every process)."""
+    devices = list(devices if devices is not None else jax.devices())
+    return Mesh(np.asarray(devices).reshape(mesh_shape(data, fsdp, tensor, len(devices))), MESH_AXES)
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules: Rules = DEFAULT_RULES
@@ -71,7 +76,7 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh
     return PartitionSpec(*spec)
 
 
-def _is_variable(x: Any) -> bool:
+def is_variable(x: Any) -> bool:
     return isinstance(x, nnx.Variable)
 
 
@@ -82,7 +87,7 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules = DEFAULT_RULES) 
         axes = var.get_metadata().get("axes") or (None,) * len(var.get_value().shape)
         return NamedSharding(mesh, logical_to_spec(axes, var.get_value().shape, mesh, rules))
 
-    return jax.tree.map(one, state, is_leaf=_is_variable)
+    return jax.tree.map(one, state, is_leaf=is_variable)
 
 
 def shard_model(model: nnx.Module, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> nnx.Module:
@@ -118,3 +123,12 @@ def batch_sharding(mesh: Mesh, ndim: int, rules: Rules = DEFAULT_RULES, batch_si
     """Sharding for a [batch, ...] input array: batch over the data/fsdp axes, the rest replicated."""
     shape = (batch_size if batch_size is not None else math.prod(mesh.shape.values()),) + (1,) * (ndim - 1)
     return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), shape, mesh, rules))
+
+
+def host_array(x: Any) -> np.ndarray:
+    """The whole value of `x` as numpy on this host, gathering the shards other processes hold if needed."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -177,7 +177,34 @@ def _eval(argv: Sequence[str]) -> int:
     return 0
 
 
-CONFIG_COMMANDS = {"train": _train, "eval": _eval}  # their flags belong to ml_collections' config_flags
+def _plan(argv: Sequence[str]) -> int:
+    """Per-device memory of a run config on a topology; exit status 2 when it does not fit."""
+    from pathlib import Path
+
+    from rljax.plan import format_plan, parse_topology, plan_memory, planned_update, xla_update_memory
+
+    parser = argparse.ArgumentParser(prog="rljax plan")
+    parser.add_argument("--topology", default="", help="v5p-128, v4-64, v5e-256, v6e-64, h100-8, ...")
+    parser.add_argument("--devices", type=int, default=0, help="instead of --topology: the device count")
+    parser.add_argument("--hbm-gib", type=float, default=0.0, help="with --devices: memory per device in GiB")
+    parser.add_argument("--prefill-tokens", type=int, default=0,
+                        help="new tokens per prefill (default: min(cache - max_new_tokens, 2048))")
+    parser.add_argument("--xla", action="store_true",
+                        help="also compile the update step here and print XLA's memory analysis next to the plan")
+    args, rest = parser.parse_known_args(argv)
+    config = parse_run_config(rest)
+    plan = plan_memory(config, parse_topology(args.topology, args.devices, args.hbm_gib), args.prefill_tokens)
+    print(format_plan(plan, Path(config.workdir).name))
+    if args.xla:
+        one_device = plan_memory(config, parse_topology(devices=1, hbm_gib=plan.topology.hbm_bytes / 2**30))
+        measured, planned = xla_update_memory(config), planned_update(one_device)
+        for key, value in planned.items():
+            print(f"  update {key}: planned (1 device) {value / 2**20:.1f} MiB, XLA {measured[key] / 2**20:.1f} MiB, "
+                  f"ratio {value / max(measured[key], 1):.2f}")
+    return 0 if plan.fits else 2
+
+
+CONFIG_COMMANDS = {"train": _train, "eval": _eval, "plan": _plan}  # their flags belong to ml_collections' config_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("train", help="train: rljax train --config configs/NAME.py [--config.key=value ...]")
     sub.add_parser("eval", help="evaluate a run's policy (n@k, 95%% CIs): rljax eval --config configs/NAME.py "
                                 "[--config.eval.key=value ...]")
+    sub.add_parser("plan", help="per-device memory of a run on a pod slice: rljax plan --config configs/NAME.py "
+                                "--topology v5p-128 [--xla]")
     plot = sub.add_parser("plot", help="PNG plots of a run's metrics and evaluations")
     plot.add_argument("workdir")
     plot.add_argument("--out", default=None, help="directory for the PNGs (default WORKDIR/plots)")

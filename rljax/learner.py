@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from models.llama import Llama, LlamaValueModel
 from models.sharding import constrain
@@ -98,6 +99,21 @@ def turn_values(value_model: LlamaValueModel, batch: dict[str, jax.Array]) -> ja
     return jnp.take_along_axis(values_bl, batch["value_index"], axis=1)
 
 
+def _init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
+    """A fresh TrainState whose leaves all live on the params' mesh: the step and optimizer counters are
+    replicated there (not left on one device), so a restored checkpoint has the same placement as a new run."""
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):  # an abstract model
+        return jax.eval_shape(lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)), params)
+    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    shardings = [leaf.sharding for leaf in jax.tree.leaves(params)]
+    mesh = next((s.mesh for s in shardings if isinstance(s, NamedSharding)), None)
+    if mesh is None:
+        return state
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.tree.map(lambda x: x if isinstance(x.sharding, NamedSharding) else jax.device_put(x, replicated),
+                        state)
+
+
 class Learner:
     """Jitted scoring and updates for one policy (and, for PPO, one value model)."""
 
@@ -107,7 +123,7 @@ class Learner:
         self.num_micro = num_micro
         self.policy_graphdef, params = nnx.split(policy)
         self.policy_tx = make_optimizer(optim)
-        self.policy_state = TrainState(jnp.zeros((), jnp.int32), params, self.policy_tx.init(params))
+        self.policy_state = _init_state(params, self.policy_tx)
         self.value_graphdef = None
         self.value_state = None
         if loss.algorithm == "ppo":
@@ -115,7 +131,7 @@ class Learner:
                 raise ValueError("Learner: PPO needs a value model")
             self.value_graphdef, vparams = nnx.split(value_model)
             self.value_tx = make_optimizer(value_optim or optim)
-            self.value_state = TrainState(jnp.zeros((), jnp.int32), vparams, self.value_tx.init(vparams))
+            self.value_state = _init_state(vparams, self.value_tx)
         self._score = jax.jit(self._score_impl)
         self._values = jax.jit(self._values_impl)
         self._update_policy = jax.jit(self._update_policy_impl, donate_argnums=0)
@@ -135,6 +151,11 @@ class Learner:
     def update_policy(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         self.policy_state, metrics = self._update_policy(self.policy_state, batch)
         return metrics
+
+    def compiled_update(self, batch: dict[str, Any]) -> Any:
+        """The policy update compiled for `batch`'s shapes (arrays or ShapeDtypeStructs), e.g. for its
+        memory analysis; works on a Learner built over an abstract (`nnx.eval_shape`) model."""
+        return self._update_policy.lower(self.policy_state, batch).compile()
 
     def update_value(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         self.value_state, metrics = self._update_value(self.value_state, batch)
@@ -207,5 +228,5 @@ def _accumulate_and_apply(loss_fn: Callable, tx: optax.GradientTransformation, s
     for summed in ("policy_loss", "value_loss", "entropy"):  # weighted sums already add up over micro-batches
         if summed in aux:
             metrics[summed] = aux[summed]
-    metrics.update(loss=loss, grad_norm=optax.global_norm(grads))
+    metrics.update(loss=loss, grad_norm=optax.tree.norm(grads))
     return TrainState(state.step + 1, params, opt_state), metrics

@@ -10,11 +10,16 @@ METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsWriter:
-    def __init__(self, workdir: str | Path, resume_step: int = 0, tensorboard: bool = True):
+    """Writes on one process only (`enabled`): in a multi-host run every host has the same global metrics."""
+
+    def __init__(self, workdir: str | Path, resume_step: int = 0, tensorboard: bool = True, enabled: bool = True):
         self.path = Path(workdir) / METRICS_FILE
+        self.enabled = enabled
+        self._tb = None
+        if not enabled:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._truncate_after(resume_step)
-        self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
 
@@ -29,6 +34,8 @@ class MetricsWriter:
         self.path.write_text("".join(line + "\n" for line in kept))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         row = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")

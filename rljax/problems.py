@@ -1,8 +1,10 @@
 """Problem sources and the grain stream that feeds them to the rollouts, sharded per host and resumable.
 
-A source is a list of dataset rows (dicts). The stream shuffles them with a seed, repeats, takes this host's
-share (every process_count-th row from process_index) and hands out batches of rows the environment accepts;
-a row it refuses is skipped, counted, and its reason logged once per distinct message.
+A source is a list of dataset rows (dicts). The stream shuffles them with a seed, repeats, and hands out
+batches of rows the environment accepts; a row it refuses is skipped, counted, and its reason logged once per
+distinct message. In a multi-host run every process runs its own iterator over the same stream and keeps its
+contiguous share of each global batch (`rljax.distributed.local_share`), so the iterator state is the same on
+every host and a checkpoint resumes on any host count.
 """
 from __future__ import annotations
 
@@ -42,12 +44,11 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
 class ProblemStream:
     """Batches of valid rows from a grain pipeline; `get_state`/`set_state` checkpoint its position."""
 
-    def __init__(self, rows: list[dict[str, Any]], validate: Callable[[dict[str, Any]], Any], seed: int,
-                 process_index: int = 0, process_count: int = 1):
+    def __init__(self, rows: list[dict[str, Any]], validate: Callable[[dict[str, Any]], Any], seed: int):
         if not rows:
             raise ValueError("ProblemStream: the problem source is empty")
         dataset = gp.MapDataset.source(rows).shuffle(seed=seed).repeat()
-        self._iterator = dataset[process_index::process_count].to_iter_dataset().__iter__()
+        self._iterator = dataset.to_iter_dataset().__iter__()
         self._validate = validate
         self._num_rows = len(rows)
         self.skipped = 0

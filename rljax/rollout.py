@@ -5,6 +5,9 @@ scored on the host CPUs, the device generates chunk c+1, so scoring overlaps dev
 thread still waits for scores is measured (`RolloutStats.score_wait_s`). Every dialog keeps exactly the token
 ids the sampler consumed and produced, the mask of the ids the policy sampled, and per answer the index of the
 token whose logits produced the answer's first token (where the value model predicts that turn's return).
+
+In a multi-host run each process runs its own share of the episodes: every sampler call gathers the chunk's
+prompts from all processes (the device batch is global, host-major) and each process keeps its own rows.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import numpy as np
 from executor.pool import ExecutorPool
 from models.sampler import FINISH_EOS, Completion, Sampler, SamplingParams
 from rljax.dialog import DialogCodec
+from rljax.distributed import gather_rows
 from rljax.envs.base import Env, Episode, StepResult
 
 EXECUTOR_ERROR = "executor_error"
@@ -65,7 +69,6 @@ class RolloutStats:
     total_s: float = 0.0
     generate_s: float = 0.0  # device time in generate/extend (including host-side decode of the result)
     score_wait_s: float = 0.0  # main-thread time blocked on executor results: the devices wait on the hosts
-    generated_tokens: int = 0
     executor_errors: int = 0
     context_full: int = 0
 
@@ -98,18 +101,22 @@ class RolloutRunner:
                     for i, prompt in zip(rows, prompts):
                         trajectories[i].append(prompt, sampled=False)
                     t0 = time.perf_counter()
-                    completions, states[c] = self.sampler.generate(prompts, self.sampling, turn_key,
+                    every, offset = gather_rows(prompts)
+                    completions, states[c] = self.sampler.generate(every, self.sampling, turn_key,
                                                                    self.cache_capacity)
+                    completions = completions[offset:offset + len(prompts)]
                     stats.generate_s += time.perf_counter() - t0
                     active = rows
                 else:
                     self._collect(pending[c], episodes, trajectories, stats)
                     pending[c] = []
                     continuations = self._continuations(rows, episodes, trajectories, states[c], stats)
-                    if not any(x is not None for x in continuations):
+                    every, offset = gather_rows(continuations)
+                    if not any(x is not None for x in every):
                         continue
                     t0 = time.perf_counter()
-                    results, states[c] = self.sampler.extend(states[c], continuations, self.sampling, turn_key)
+                    results, states[c] = self.sampler.extend(states[c], every, self.sampling, turn_key)
+                    results = results[offset:offset + len(continuations)]
                     stats.generate_s += time.perf_counter() - t0
                     active = [i for i, x in zip(rows, continuations) if x is not None]
                     completions = [r for r in results if r is not None]
@@ -128,7 +135,6 @@ class RolloutRunner:
         trajectory.finish_reasons.append(completion.finish_reason)
         text = self.codec.answer_text(completion.token_ids)
         trajectory.answers.append(text)
-        stats.generated_tokens += len(completion.token_ids)
         return self.pool.submit(_safe_step, episodes[i], text)
 
     def _collect(self, pending: list[tuple[int, cf.Future]], episodes: Sequence[Episode],

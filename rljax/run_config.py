@@ -12,6 +12,8 @@ from ml_collections import ConfigDict
 from executor.extract import extract_code
 from executor.testing import Limits
 from models.llama import Llama
+from rljax.distributed import MODES as DISTRIBUTED_MODES
+from rljax.distributed import distributed_config
 from rljax.envs import RLEFEnv, RLEFRewards, SWERLEnv
 from rljax.learner import ALGORITHMS, LossConfig, OptimConfig
 from rljax.ppo import AGGREGATIONS
@@ -25,8 +27,10 @@ def base_config() -> ConfigDict:
     c.total_steps = 100
     c.codec = "chat"  # chat (the tokenizer's chat template) | digits (the toy task's 14-token vocabulary)
 
+    # architecture: the preset a checkpoint must match (lets `rljax plan` size a run without the weights);
+    # remat: none | full | dots_saveable for the training passes ("" keeps the model's own)
     c.model = ConfigDict({"preset": "", "overrides": {}, "init_seed": 0, "checkpoint": "", "pretrained": "",
-                          "dtype": ""})
+                          "dtype": "", "architecture": "", "remat": ""})
     # source: toy | jsonl (path) | bundled (the demo problems) | humaneval | code_contests (path: shards dir/glob)
     c.data = ConfigDict({"source": "jsonl", "path": "", "toy_count": 10, "toy_digits": 1, "max_problems": 0,
                          "generated_as_private": False})
@@ -48,6 +52,7 @@ def base_config() -> ConfigDict:
     c.mesh = ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
     c.checkpoint = ConfigDict({"every": 50, "keep": 3, "async_save": True, "resume": "auto"})
     c.log = ConfigDict({"tensorboard": True, "progress": True})
+    c.distributed = distributed_config()  # multi-host: see rljax.distributed.initialize
     # evaluation (rljax eval, the demo): source "" = the training data; n_at_k a comma list like "1@3,10@100"
     c.eval = ConfigDict({"source": "", "path": "", "max_problems": 0, "samples_per_problem": 1, "temperature": 0.2,
                          "top_p": 1.0, "max_new_tokens": 0, "n_at_k": "1@3", "batch_dialogs": 16,
@@ -61,7 +66,8 @@ CHOICES = {
     "algo.kl_placement": KL_PLACEMENTS, "env.name": ("rlef", "swerl"), "env.feedback_mode": ("full", "none", "unrelated"),
     "env.code_builder": ("python_block", "digits"), "codec": ("chat", "digits"),
     "data.source": DATA_SOURCES, "eval.source": ("",) + DATA_SOURCES,
-    "checkpoint.resume": ("auto", "require", "never"),
+    "checkpoint.resume": ("auto", "require", "never"), "distributed.mode": DISTRIBUTED_MODES,
+    "model.remat": ("", "none", "full", "dots_saveable"),
 }
 POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_problem", "rollout.max_new_tokens",
             "rollout.cache_capacity", "rollout.length_bucket", "rollout.num_chunks", "train.micro_batches",
@@ -122,15 +128,18 @@ def build_mesh(cfg: ConfigDict) -> Any:
     return make_mesh(data=cfg.data, fsdp=cfg.fsdp, tensor=cfg.tensor)
 
 
-def build_policy(cfg: ConfigDict) -> tuple[Llama, Any]:
-    """(model, tokenizer or None): a random preset, an rljax checkpoint, or the bundled SmolLM2."""
+def build_policy(cfg: ConfigDict, mesh: Any = None) -> tuple[Llama, Any]:
+    """(model, tokenizer or None): a random preset, an rljax checkpoint, or the bundled SmolLM2. A checkpoint
+    is restored straight into its shards on `mesh`; `model.architecture`, where set, must match it."""
     from flax import nnx
 
-    from models.checkpoint import load_checkpoint, load_tokenizer
+    from models.checkpoint import load_checkpoint, load_tokenizer, read_config
     from models.config import LlamaConfig
 
+    remat = cfg.get("remat") or None
     if cfg.get("preset"):
         config = LlamaConfig.preset(cfg.preset, **dict(cfg.get("overrides") or {}))
+        config = config.replace(remat=remat) if remat else config
         return Llama(config, rngs=nnx.Rngs(cfg.init_seed)), None
     path = cfg.checkpoint
     if cfg.get("pretrained"):
@@ -139,7 +148,21 @@ def build_policy(cfg: ConfigDict) -> tuple[Llama, Any]:
         from models.pretrained import smollm2_checkpoint
 
         path = smollm2_checkpoint()
-    return load_checkpoint(path, dtype=cfg.get("dtype") or None), load_tokenizer(path)
+    if cfg.get("architecture"):
+        _check_architecture(read_config(path), cfg.architecture, path)
+    return load_checkpoint(path, mesh, dtype=cfg.get("dtype") or None, remat=remat), load_tokenizer(path)
+
+
+def _check_architecture(found: Any, name: str, path: Any) -> None:
+    from models.config import PRESETS
+
+    if name not in PRESETS:
+        raise ValueError(f"config.model.architecture: {name!r} is not one of {sorted(PRESETS)}")
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+    wrong = [f"{k} {getattr(found, k)} != {getattr(PRESETS[name], k)}" for k in keys
+             if getattr(found, k) != getattr(PRESETS[name], k)]
+    if wrong:
+        raise ValueError(f"checkpoint {path}: not a {name} model ({', '.join(wrong)}); fix config.model.architecture")
 
 
 def build_codec(config: ConfigDict, tokenizer: Any) -> Any:

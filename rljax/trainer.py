@@ -18,9 +18,10 @@ from ml_collections import ConfigDict
 from executor.pool import ExecutorPool
 from models.llama import LlamaValueModel
 from models.sampler import Sampler, SamplingParams
-from models.sharding import batch_sharding, shard_model, use_mesh
+from models.sharding import batch_sharding, host_array, shard_model, use_mesh
 from rljax import advantages as adv
 from rljax import batching
+from rljax import distributed
 from rljax.checkpointing import ResumeError, TrainCheckpointer
 from rljax.learner import Learner
 from rljax.metrics import MetricsWriter
@@ -43,11 +44,13 @@ class Trainer:
 
     def __init__(self, config: ConfigDict):
         validate(config)
+        distributed.initialize(config.distributed)
         self.config = config
+        distributed.local_share(config.rollout.problems_per_step)  # refuse a batch the hosts cannot share
         self.workdir = Path(config.workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.mesh = build_mesh(config.mesh)
-        policy, self.tokenizer = build_policy(config.model)
+        policy, self.tokenizer = build_policy(config.model, self.mesh)
         shard_model(policy, self.mesh)
         self.ref_params = jax.tree.map(jnp.copy, nnx.state(policy))
         value_model = None
@@ -60,7 +63,7 @@ class Trainer:
         self.codec = build_codec(config, self.tokenizer)
         rows = load_rows(config.data)
         self.env = build_env(config.env, rows, data_source=config.data.source)
-        self.stream = ProblemStream(rows, self.env.reset, config.seed, jax.process_index(), jax.process_count())
+        self.stream = ProblemStream(rows, self.env.reset, config.seed)
         r = config.rollout
         self.sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                        top_k=r.top_k, stop_ids=tuple(self.codec.stop_ids))
@@ -76,7 +79,8 @@ class Trainer:
         self.checkpointer = TrainCheckpointer(self.workdir, c.every, c.keep, c.async_save)
         self.step_count = 0
         self._resume(c.resume)
-        self.metrics = MetricsWriter(self.workdir, self.step_count, config.log.tensorboard)
+        self.metrics = MetricsWriter(self.workdir, self.step_count, config.log.tensorboard,
+                                     enabled=distributed.is_primary())
 
     # ---- checkpoints ---------------------------------------------------------------------------------------------
     def _states(self) -> dict[str, Any]:
@@ -107,15 +111,18 @@ class Trainer:
     def step(self) -> StepOutput:
         cfg = self.config
         started = time.perf_counter()
-        rows = self.stream.next_batch(cfg.rollout.problems_per_step)
+        share = distributed.local_share(cfg.rollout.problems_per_step)
+        rows = self.stream.next_batch(cfg.rollout.problems_per_step)[share]
         samples = cfg.rollout.samples_per_problem
         episodes = [self.env.reset(row) for row in rows for _ in range(samples)]
-        groups = [i // samples for i in range(len(episodes))]
+        groups = [share.start + i // samples for i in range(len(episodes))]
         names = [str(row.get("name") or row.get("instance_id")) for row in rows for _ in range(samples)]
         self.sampler.model = self.learner.policy_model()
         key = jax.random.fold_in(jax.random.key(cfg.seed), self.step_count)
         with use_mesh(self.mesh):
             trajectories, rstats = self.rollouts.run(episodes, groups, names, key)
+            if jax.process_count() > 1:  # every host computes the advantages of the whole batch
+                trajectories = [t for part in distributed.allgather_objects(trajectories) for t in part]
             train_started = time.perf_counter()
             metrics = self._learn(trajectories)
         metrics.update(rollout_metrics(trajectories, rstats, self.env.max_turns))
@@ -124,7 +131,7 @@ class Trainer:
         metrics.update({"time/step_s": now - started, "time/rollout_s": rstats.total_s,
                         "time/train_s": now - train_started,
                         "perf/device_wait_share": rstats.score_wait_s / max(now - started, 1e-9),
-                        "perf/tokens_per_s": rstats.generated_tokens / max(rstats.generate_s, 1e-9)})
+                        "perf/tokens_per_s": sum(sum(t.sampled) for t in trajectories) / max(rstats.generate_s, 1e-9)})
         self.step_count += 1
         return StepOutput(metrics, trajectories)
 
@@ -132,8 +139,8 @@ class Trainer:
         cfg, algo = self.config, self.config.algo
         arrays = batching.build_batch(trajectories, self.env.max_turns, cfg.train.seq_bucket, self.pad_id)
         placed = self._place(arrays)
-        old_logp, entropy = (np.asarray(x) for x in self.learner.score(self.learner.policy_state.params, placed))
-        ref_logp = np.asarray(self.learner.score(self.ref_params, placed)[0])
+        old_logp, entropy = (host_array(x) for x in self.learner.score(self.learner.policy_state.params, placed))
+        ref_logp = host_array(self.learner.score(self.ref_params, placed)[0])
         sampled = arrays["sampled"]
         kl_tok = (old_logp - ref_logp) * sampled
         metrics: dict[str, Any] = {
@@ -143,7 +150,7 @@ class Trainer:
         extra: dict[str, np.ndarray] = {"old_logp": old_logp, "ref_logp": ref_logp,
                                         "weights": batching.aggregation_weights(sampled, algo.aggregation)}
         if algo.name == "ppo":
-            old_values = np.asarray(self.learner.values(placed))
+            old_values = host_array(self.learner.values(placed))
             kl_turn = batching.per_turn_sums(kl_tok, arrays["turn_of_token"], sampled, self.env.max_turns)
             shaped = adv.kl_shaped_turn_rewards(arrays["task_reward"], kl_turn, arrays["turn_mask"], algo.kl_beta)
             advantages, returns = adv.gae_over_turns(shaped, old_values, arrays["turn_mask"], algo.gamma, algo.lam)
@@ -176,7 +183,7 @@ class Trainer:
 
         history = []
         bar = tqdm(total=self.config.total_steps, initial=self.step_count, desc="train",
-                   disable=not self.config.log.progress, dynamic_ncols=True)
+                   disable=not (self.config.log.progress and distributed.is_primary()), dynamic_ncols=True)
         try:
             while self.step_count < self.config.total_steps:
                 out = self.step()

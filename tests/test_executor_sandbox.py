@@ -154,3 +154,23 @@ def test_large_stdin_arrives_whole_in_both_runners():
     source = "import sys\ndata = sys.stdin.read()\nprint(len(data), data.count('\\n'))"
     single, batch = run(source, text, time_limit_s=5)
     assert single.stdout == batch.stdout == f"{len(text)} 60000\n"
+
+
+@pytest.mark.parametrize("use_prlimit", [True, False])
+def test_limits_are_set_by_an_execed_helper_not_in_the_forked_child(use_prlimit):
+    """Both helpers (util-linux prlimit and the Python launcher) set every limit and then exec the command."""
+    import shutil
+    import sys
+
+    from executor.sandbox import limits_prefix
+
+    if use_prlimit and shutil.which("prlimit") is None:
+        pytest.skip("util-linux prlimit is not installed")
+    probe = "import os, resource; print(os.getpid(), resource.getrlimit(resource.RLIMIT_NOFILE), " \
+            "resource.getrlimit(resource.RLIMIT_CPU))"
+    cmd = limits_prefix([("nofile", 100, 100), ("cpu", 7, 8)], use_prlimit) + [sys.executable, "-c", probe]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=30)
+    pid, limits = out.split(" ", 1)
+    assert int(pid) == proc.pid  # exec'd in place: the run's pid, rusage and process group stay the command's
+    assert limits.strip() == "(100, 100) (7, 8)"

@@ -1,0 +1,79 @@
+"""Multi-host training with two local `jax.distributed` processes (gloo collectives on CPU), each with 4
+simulated devices, against one process with 8: same GRPO metrics step by step, and a checkpoint written by the
+two processes resumes on one."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = [sys.executable, "tests/_multihost_run.py"]
+
+
+def _env(devices: int) -> dict[str, str]:
+    return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+
+
+def _result(stdout: str) -> list[dict]:
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, stdout[-2000:]
+    return json.loads(lines[0][len("RESULT "):])
+
+
+def _single(workdir: Path, steps: int) -> list[dict]:
+    proc = subprocess.run(RUN + [str(workdir), str(steps)], cwd=REPO, env=_env(8), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _result(proc.stdout)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_processes(workdir: Path, steps: int) -> list[dict]:
+    port = _free_port()
+    procs = [subprocess.Popen(RUN + [str(workdir), str(steps), str(i), "2", str(port)], cwd=REPO, env=_env(4),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=600))
+    finally:
+        for proc in procs:
+            proc.kill()
+    for proc, (_, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-3000:]
+    assert "RESULT" not in outputs[1][0]  # only process 0 reports
+    return _result(outputs[0][0])
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"]
+    for key in a:
+        if key not in ("step", "devices", "processes") and key in b:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (key, a, b)
+
+
+def test_two_processes_match_one_and_checkpoint_restores_on_one(tmp_path):
+    reference = _single(tmp_path / "one", 3)
+    assert [r["processes"] for r in reference] == [1] * 3 and reference[0]["devices"] == 8
+    multi = _two_processes(tmp_path / "two", 3)
+    assert [r["processes"] for r in multi] == [2] * 3 and multi[0]["devices"] == 8
+    for a, b in zip(reference, multi):
+        _assert_same(a, b)
+    assert len({r["train/grad_norm"] for r in multi}) == 3  # the steps differ: the update did something
+    # the two processes wrote one checkpoint directory; drop its last step and resume on one process
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "two", resumed)
+    shutil.rmtree(resumed / "checkpoints" / "3")
+    after = _single(resumed, 3)
+    assert [r["step"] for r in after] == [3]
+    _assert_same(reference[2], after[0])

@@ -1,0 +1,71 @@
+"""The memory planner: topologies, exact parameter and cache shards, pod configs that fit, and the estimate
+against XLA's own memory analysis of the compiled update step."""
+import math
+
+import jax
+import pytest
+
+from configs import grpo_tiny, rlef_llama3_1_70b, rlef_llama3_1_8b, rlef_smollm2, rlef_tiny, swerl_llama3_3_70b
+from models.config import PRESETS
+from models.llama import KVCache
+from rljax.cli import main
+from rljax.plan import GIB, model_architecture, parse_topology, plan_memory, planned_update, xla_update_memory
+
+
+def test_topology_names():
+    assert parse_topology("v5p-128").devices == 64 and parse_topology("v5p-128").hbm_bytes == 95 * GIB
+    assert parse_topology("v4-32").devices == 16 and parse_topology("v4-32").hbm_bytes == 32 * GIB
+    assert parse_topology("v5e-256").devices == 256 and parse_topology("h100-8").hbm_bytes == 80 * GIB
+    assert parse_topology(devices=6, hbm_gib=24).devices == 6
+    for bad in ("v9-8", "v5p", "tpu"):
+        with pytest.raises(ValueError, match="topology"):
+            parse_topology(bad)
+    with pytest.raises(ValueError, match="both"):
+        parse_topology(devices=8)
+
+
+def test_parameter_and_cache_shards_are_exact():
+    config = rlef_llama3_1_8b.get_config()
+    arch = PRESETS["llama3_1_8b"]
+    count = arch.vocab_size * arch.hidden_size * 2 + arch.hidden_size + arch.num_layers * (
+        2 * arch.hidden_size + arch.hidden_size * arch.head_dim * (2 * arch.num_heads + 2 * arch.num_kv_heads)
+        + 3 * arch.hidden_size * arch.intermediate_size)
+    assert 8.0e9 < count < 8.1e9
+    one = plan_memory(config, parse_topology(devices=1, hbm_gib=10000))
+    assert one.components["policy params"] == count * 2  # bf16
+    sharded = plan_memory(config, parse_topology("v5p-64"))
+    # every matrix splits 32 ways over fsdp; only the norm vectors stay replicated
+    replicated = (arch.num_layers * 2 + 1) * arch.hidden_size * 2
+    assert sharded.components["policy params"] == (count * 2 - replicated) // 32 + replicated
+    tiny = rlef_tiny.get_config()
+    cache = jax.eval_shape(lambda: KVCache.init(model_architecture(tiny.model), 32, 128))
+    cache_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(cache) if x.ndim)  # not the index
+    plan = plan_memory(tiny, parse_topology(devices=1, hbm_gib=1))
+    assert plan.components["KV cache (all dialogs)"] == cache_bytes
+
+
+@pytest.mark.parametrize("module,topology", [(rlef_llama3_1_8b, "v5p-64"), (rlef_llama3_1_70b, "v5p-256"),
+                                             (swerl_llama3_3_70b, "v5p-256")])
+def test_shipped_pod_configs_fit_their_slices(module, topology):
+    plan = plan_memory(module.get_config(), parse_topology(topology))
+    assert plan.fits, plan.components
+    assert plan.peak > 10 * GIB  # sized for the slice, not trivially small
+
+
+def test_planner_refuses_what_does_not_fit(capsys):
+    assert main(["plan", "--config", "configs/rlef_llama3_1_8b.py", "--topology", "v5e-8"]) == 2
+    assert "DOES NOT FIT" in capsys.readouterr().out
+    assert main(["plan", "--config", "configs/rlef_llama3_1_8b.py", "--topology", "v5p-64",
+                 "--config.model.remat=none"]) == 2
+    assert main(["plan", "--config", "configs/rlef_llama3_1_8b.py", "--topology", "v5p-64"]) == 0
+
+
+@pytest.mark.parametrize("module,remat", [(rlef_tiny, ""), (grpo_tiny, ""), (rlef_smollm2, ""),
+                                          (rlef_smollm2, "full")])
+def test_estimate_within_25_percent_of_xla_memory_analysis(module, remat):
+    config = module.get_config()
+    config.model.remat = remat
+    measured = xla_update_memory(config)
+    planned = planned_update(plan_memory(config, parse_topology(devices=1, hbm_gib=64)))
+    for key, value in planned.items():
+        assert 0.75 <= value / measured[key] <= 1.25, (key, value, measured[key])

@@ -76,7 +76,8 @@ def _demo(args: argparse.Namespace) -> int:
     from rljax.demo import format_summary, run_demo
 
     _log_to_console()
-    summary = run_demo(args.workdir, args.steps, args.eval_problems, progress=not args.quiet)
+    summary = run_demo(args.workdir, args.steps, args.eval_problems, progress=not args.quiet,
+                       max_new_tokens=args.max_new_tokens, dialogs_per_step=args.dialogs_per_step)
     print(format_summary(summary))
     return 0
 
@@ -251,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", default="runs/demo")
     demo.add_argument("--steps", type=int, default=2)
     demo.add_argument("--eval-problems", type=int, default=8)
+    demo.add_argument("--max-new-tokens", type=int, default=0, help="answer length cap (default: the config's 160)")
+    demo.add_argument("--dialogs-per-step", type=int, default=0, help="PPO batch (default: the config's 4)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=_demo)
     return parser

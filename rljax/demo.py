@@ -16,13 +16,21 @@ from ml_collections import ConfigDict
 SUMMARY_FILE = "demo_summary.json"
 
 
-def demo_config(workdir: str, steps: int, eval_problems: int) -> ConfigDict:
+def demo_config(workdir: str, steps: int, eval_problems: int, max_new_tokens: int = 0,
+                dialogs_per_step: int = 0) -> ConfigDict:
+    """configs/rlef_smollm2.py for the demo; `max_new_tokens` (answers, in training and evaluation) and
+    `dialogs_per_step` shrink it for a slow machine (0 keeps the config's)."""
     from configs import rlef_smollm2
 
     config = rlef_smollm2.get_config()
     config.workdir = workdir
     config.total_steps = steps
     config.eval.max_problems = eval_problems
+    if max_new_tokens:
+        config.rollout.max_new_tokens = config.eval.max_new_tokens = max_new_tokens
+    if dialogs_per_step:
+        config.rollout.problems_per_step = dialogs_per_step
+        config.train.micro_batches = 1
     config.checkpoint.every = max(steps, 1)
     config.checkpoint.resume = "never"
     return config
@@ -40,14 +48,15 @@ def _fresh_workdir(workdir: Path) -> None:
 
 
 def run_demo(workdir: str = "runs/demo", steps: int = 2, eval_problems: int = 8, progress: bool = True,
-             config: ConfigDict | None = None) -> dict[str, Any]:
+             config: ConfigDict | None = None, max_new_tokens: int = 0, dialogs_per_step: int = 0
+             ) -> dict[str, Any]:
     """Run the demo; returns (and writes to WORKDIR/demo_summary.json) its summary."""
     from rljax.evaluation import Evaluator, format_table, write_report
     from rljax.plots import EVAL_DIR, plot_run
     from rljax.trainer import Trainer
 
     started = time.perf_counter()
-    config = config or demo_config(workdir, steps, eval_problems)
+    config = config or demo_config(workdir, steps, eval_problems, max_new_tokens, dialogs_per_step)
     root = Path(config.workdir)
     _fresh_workdir(root)
     trainer = Trainer(config)

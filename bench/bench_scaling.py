@@ -11,10 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +25,7 @@ def worker(batch: int, length: int, repeats: int) -> None:
     import jax
     import numpy as np
 
+    from bench.timing import first_and_median
     from configs import grpo_tiny
     from models.sharding import batch_sharding, make_mesh, shard_model, use_mesh
     from rljax.learner import Learner
@@ -50,15 +49,8 @@ def worker(batch: int, length: int, repeats: int) -> None:
     arrays["positions"] = np.tile(np.arange(length, dtype=np.int32), (batch, 1))
     with use_mesh(mesh):
         placed = {k: jax.device_put(v, batch_sharding(mesh, v.ndim, batch_size=v.shape[0])) for k, v in arrays.items()}
-        start = time.perf_counter()
-        jax.block_until_ready(learner.update_policy(placed))
-        compile_s = time.perf_counter() - start
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(learner.update_policy(placed))
-            times.append(time.perf_counter() - start)
-    print(json.dumps({"devices": jax.device_count(), "compile_s": compile_s, "step_s": statistics.median(times)}))
+        compile_s, step_s = first_and_median(lambda: jax.block_until_ready(learner.update_policy(placed)), repeats)
+    print(json.dumps({"devices": jax.device_count(), "compile_s": compile_s, "step_s": step_s}))
 
 
 def main() -> None:

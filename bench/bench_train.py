@@ -25,6 +25,7 @@ from models import checkpoint  # noqa: E402
 from models.pretrained import GGUF_NAME, smollm2_checkpoint, smollm2_gguf_path  # noqa: E402
 from rljax import batching  # noqa: E402
 from rljax.learner import Learner, LossConfig, OptimConfig  # noqa: E402
+from bench.timing import first_and_median  # noqa: E402
 
 BATCH, LENGTH, CLIP, KL_COEF, LR = 8, 256, 0.2, 0.05, 1e-6
 
@@ -46,15 +47,7 @@ def time_ours(batch: dict[str, np.ndarray], repeats: int) -> tuple[float, float]
     learner = Learner(model, LossConfig("grpo", clip_eps=CLIP, kl_coef=KL_COEF, kl_in_loss=True),
                       OptimConfig(LR, warmup_steps=0, weight_decay=0.1), 1)
     placed = {k: jax.numpy.asarray(v) for k, v in batch.items()}
-    start = time.perf_counter()
-    jax.block_until_ready(learner.update_policy(placed))
-    compile_s = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(learner.update_policy(placed))
-        times.append(time.perf_counter() - start)
-    return compile_s, statistics.median(times)
+    return first_and_median(lambda: jax.block_until_ready(learner.update_policy(placed)), repeats)
 
 
 def time_theirs(batch: dict[str, np.ndarray], repeats: int) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -21,7 +22,10 @@ from executor.pool import ExecutorPool
 from models.sampler import Sampler, SamplingParams
 from models.sharding import use_mesh
 from rljax import eval as estimators
+from rljax.envs.base import ProblemError
 from rljax.rollout import RolloutRunner, Trajectory
+
+log = logging.getLogger("rljax.evaluation")
 
 PASSED_PUBLIC = ("solved", "failed_private")  # RLEF final statuses whose answer passed the public tests
 
@@ -74,6 +78,26 @@ def swerl_metrics(records: Sequence[dict[str, Any]], resamples: int = 2000, seed
             "exact_match_rate": per_problem(lambda d: d["statuses"][-1] == "exact")}
 
 
+def usable_rows(rows: Sequence[dict[str, Any]], reset: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The rows the environment accepts, and {problem: reason} for each it refuses (counted in the report and
+    logged, never dropped silently); an eval set with no usable row is an error."""
+    kept, skipped = [], {}
+    for i, row in enumerate(rows):
+        try:
+            reset(row)
+        except ProblemError as err:
+            skipped[str(row.get("name") or row.get("instance_id") or f"row {i}")] = str(err)
+            continue
+        kept.append(row)
+    if skipped:
+        log.warning("evaluation: skipped %d of %d problems the environment refuses (first: %s)", len(skipped),
+                    len(rows), next(iter(skipped.values())))
+    if not kept:
+        raise ValueError(f"evaluation: none of the {len(rows)} eval problems is usable "
+                         f"(first: {next(iter(skipped.values()))})")
+    return kept, skipped
+
+
 class Evaluator:
     """Samples `eval.samples_per_problem` dialogs per problem of the eval set with the eval decoding."""
 
@@ -82,8 +106,9 @@ class Evaluator:
 
         self.config, self.mesh = config, mesh
         e = config.eval
-        self.rows = eval_rows(config)
-        self.env = build_env(config.env, self.rows, data_source=e.source or config.data.source)
+        rows = eval_rows(config)
+        self.env = build_env(config.env, rows, data_source=e.source or config.data.source)
+        self.rows, self.skipped = usable_rows(rows, self.env.reset)
         self.codec = build_codec(config, tokenizer)
         self.sampling = SamplingParams(max_new_tokens=e.max_new_tokens or config.rollout.max_new_tokens,
                                        temperature=e.temperature, top_p=e.top_p,
@@ -125,7 +150,7 @@ class Evaluator:
         decoding = {"temperature": e.temperature, "top_p": e.top_p, "max_new_tokens": self.sampling.max_new_tokens,
                     "samples_per_problem": e.samples_per_problem}
         return {"metrics": metrics, "decoding": decoding, "seconds": time.perf_counter() - started,
-                "dialogs": records}
+                "skipped_problems": self.skipped, "dialogs": records}
 
     def close(self) -> None:
         if self._own_pool:

@@ -116,3 +116,16 @@ def test_eval_run_and_plots_on_the_toy_task(tmp_path, capsys):
     empty.mkdir()
     assert main(["plot", str(empty)]) == 1
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_eval_rows_the_environment_refuses_are_counted_not_fatal():
+    from rljax.data import bundled_problems
+    from rljax.envs import RLEFEnv
+    from rljax.evaluation import usable_rows
+
+    rows = bundled_problems()[:3]
+    bad = dict(rows[0], name="no-private-tests", private_tests={"input": [], "output": []})
+    kept, skipped = usable_rows(rows + [bad], RLEFEnv().reset)
+    assert kept == rows and list(skipped) == ["no-private-tests"]
+    with pytest.raises(ValueError, match="none of the 1 eval problems is usable"):
+        usable_rows([bad], RLEFEnv().reset)

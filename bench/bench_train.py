@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -76,13 +74,7 @@ def time_theirs(batch: dict[str, np.ndarray], repeats: int) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
-    step()  # warm-up (allocations, optimizer state)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return first_and_median(step, repeats)[1]  # the first call warms up (allocations, optimizer state)
 
 
 def main() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -24,9 +23,10 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
-from models.config import PRESETS, LlamaConfig
+from models.config import LlamaConfig
 from models.llama import Llama, LlamaValueModel
 from models.sharding import DEFAULT_RULES, MESH_AXES, is_variable, logical_to_spec, mesh_shape
+from rljax.run_config import loss_config, model_architecture, optim_config
 
 GIB = 2**30
 # fp32 [tokens, vocab] buffers live at once in the loss and its gradient (logits, log-softmax, their
@@ -63,29 +63,6 @@ def parse_topology(name: str = "", devices: int = 0, hbm_gib: float = 0.0) -> To
     if count < 1:
         raise ValueError(f"topology {name!r}: fewer than one device")
     return Topology(name, count, int(gib * GIB))
-
-
-def model_architecture(cfg: ConfigDict) -> LlamaConfig:
-    """The LlamaConfig a run's model block names, without loading weights (config.json of a checkpoint that is
-    here, else `model.architecture`, a preset name)."""
-    from models.checkpoint import read_config
-
-    if cfg.get("preset"):
-        arch = LlamaConfig.preset(cfg.preset, **dict(cfg.get("overrides") or {}))
-    elif cfg.get("pretrained"):
-        arch = PRESETS["smollm2_135m"]
-    elif cfg.get("checkpoint") and Path(cfg.checkpoint).is_dir():
-        arch = read_config(cfg.checkpoint)
-    elif cfg.get("architecture"):
-        if cfg.architecture not in PRESETS:
-            raise ValueError(f"config.model.architecture: {cfg.architecture!r} is not one of {sorted(PRESETS)}")
-        arch = PRESETS[cfg.architecture]
-    else:
-        raise ValueError(f"config.model: checkpoint {cfg.get('checkpoint')!r} is not here and no "
-                         "model.architecture names its preset; the planner needs one of them")
-    if cfg.get("dtype"):
-        arch = arch.replace(dtype=cfg.dtype, param_dtype=cfg.dtype)
-    return arch.replace(remat=cfg.remat) if cfg.get("remat") else arch
 
 
 def _itemsize(dtype: str) -> int:
@@ -229,7 +206,6 @@ def format_plan(plan: MemoryPlan, title: str = "") -> str:
 def xla_update_memory(config: ConfigDict) -> dict[str, int]:
     """XLA's memory analysis of the policy update step (one device, full context, compiled, never run)."""
     from rljax.learner import Learner
-    from rljax.run_config import loss_config, optim_config
 
     arch = model_architecture(config.model)
     policy = nnx.eval_shape(lambda: Llama(arch, rngs=nnx.Rngs(0)))

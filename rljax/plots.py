@@ -25,6 +25,15 @@ def _figure():
     return plt, plt.subplots(figsize=(6.4, 4.0))
 
 
+def _save(plt: Any, fig: Any, ax: Any, path: Path) -> Path:
+    """Legend, layout, write the PNG and free the figure."""
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def _line_plot(rows: Sequence[dict[str, Any]], keys: Sequence[str], title: str, path: Path) -> Path | None:
     present = [k for k in keys if any(k in r for r in rows)]
     if not present:
@@ -37,11 +46,7 @@ def _line_plot(rows: Sequence[dict[str, Any]], keys: Sequence[str], title: str, 
     ax.set_xlabel("step")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
 
 
 def eval_reports(workdir: str | Path) -> list[tuple[str, dict[str, Any]]]:
@@ -61,11 +66,7 @@ def _turn_histogram(reports: Sequence[tuple[str, dict[str, Any]]], path: Path) -
     ax.set_xlabel("answers in the dialog")
     ax.set_ylabel("dialogs")
     ax.set_title("turn count")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
 
 
 def _eval_estimates(reports: Sequence[tuple[str, dict[str, Any]]], path: Path) -> Path | None:
@@ -84,11 +85,7 @@ def _eval_estimates(reports: Sequence[tuple[str, dict[str, Any]]], path: Path) -
         ax.bar([j + i * width for j in range(len(names))], mids, width, yerr=errors, capsize=3, label=label)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=20, fontsize="small")
     ax.set_title("evaluation (95% bootstrap CI)")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
 
 
 def plot_run(workdir: str | Path, out_dir: str | Path | None = None) -> list[Path]:

@@ -128,19 +128,49 @@ def build_mesh(cfg: ConfigDict) -> Any:
     return make_mesh(data=cfg.data, fsdp=cfg.fsdp, tensor=cfg.tensor)
 
 
+def architecture_preset(name: str) -> Any:
+    """The LlamaConfig preset `model.architecture` names."""
+    from models.config import PRESETS
+
+    if name not in PRESETS:
+        raise ValueError(f"config.model.architecture: {name!r} is not one of {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
+def model_architecture(cfg: ConfigDict) -> Any:
+    """The LlamaConfig a run's model block names, without loading weights: the preset (with overrides), the
+    bundled SmolLM2's, a checkpoint's config.json where it is here, else the `model.architecture` preset;
+    with the block's dtype and remat applied."""
+    from pathlib import Path
+
+    from models.checkpoint import read_config
+    from models.config import PRESETS, LlamaConfig
+
+    if cfg.get("preset"):
+        arch = LlamaConfig.preset(cfg.preset, **dict(cfg.get("overrides") or {}))
+    elif cfg.get("pretrained"):
+        arch = PRESETS["smollm2_135m"]
+    elif cfg.get("checkpoint") and Path(cfg.checkpoint).is_dir():
+        arch = read_config(cfg.checkpoint)
+    elif cfg.get("architecture"):
+        arch = architecture_preset(cfg.architecture)
+    else:
+        raise ValueError(f"config.model: checkpoint {cfg.get('checkpoint')!r} is not here and no "
+                         "model.architecture names its preset; the planner needs one of them")
+    if cfg.get("dtype"):
+        arch = arch.replace(dtype=cfg.dtype, param_dtype=cfg.dtype)
+    return arch.replace(remat=cfg.remat) if cfg.get("remat") else arch
+
+
 def build_policy(cfg: ConfigDict, mesh: Any = None) -> tuple[Llama, Any]:
     """(model, tokenizer or None): a random preset, an rljax checkpoint, or the bundled SmolLM2. A checkpoint
     is restored straight into its shards on `mesh`; `model.architecture`, where set, must match it."""
     from flax import nnx
 
     from models.checkpoint import load_checkpoint, load_tokenizer, read_config
-    from models.config import LlamaConfig
 
-    remat = cfg.get("remat") or None
     if cfg.get("preset"):
-        config = LlamaConfig.preset(cfg.preset, **dict(cfg.get("overrides") or {}))
-        config = config.replace(remat=remat) if remat else config
-        return Llama(config, rngs=nnx.Rngs(cfg.init_seed)), None
+        return Llama(model_architecture(cfg), rngs=nnx.Rngs(cfg.init_seed)), None
     path = cfg.checkpoint
     if cfg.get("pretrained"):
         if cfg.pretrained != "smollm2":
@@ -150,17 +180,15 @@ def build_policy(cfg: ConfigDict, mesh: Any = None) -> tuple[Llama, Any]:
         path = smollm2_checkpoint()
     if cfg.get("architecture"):
         _check_architecture(read_config(path), cfg.architecture, path)
-    return load_checkpoint(path, mesh, dtype=cfg.get("dtype") or None, remat=remat), load_tokenizer(path)
+    return (load_checkpoint(path, mesh, dtype=cfg.get("dtype") or None, remat=cfg.get("remat") or None),
+            load_tokenizer(path))
 
 
 def _check_architecture(found: Any, name: str, path: Any) -> None:
-    from models.config import PRESETS
-
-    if name not in PRESETS:
-        raise ValueError(f"config.model.architecture: {name!r} is not one of {sorted(PRESETS)}")
+    expected = architecture_preset(name)
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
-    wrong = [f"{k} {getattr(found, k)} != {getattr(PRESETS[name], k)}" for k in keys
-             if getattr(found, k) != getattr(PRESETS[name], k)]
+    wrong = [f"{k} {getattr(found, k)} != {getattr(expected, k)}" for k in keys
+             if getattr(found, k) != getattr(expected, k)]
     if wrong:
         raise ValueError(f"checkpoint {path}: not a {name} model ({', '.join(wrong)}); fix config.model.architecture")
 

@@ -9,7 +9,8 @@ from configs import grpo_tiny, rlef_llama3_1_70b, rlef_llama3_1_8b, rlef_smollm2
 from models.config import PRESETS
 from models.llama import KVCache
 from rljax.cli import main
-from rljax.plan import GIB, model_architecture, parse_topology, plan_memory, planned_update, xla_update_memory
+from rljax.plan import GIB, parse_topology, plan_memory, planned_update, xla_update_memory
+from rljax.run_config import model_architecture
 
 
 def test_topology_names():

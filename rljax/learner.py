@@ -53,12 +53,15 @@ class LossConfig:
     kl_coef: float = 0.0  # GRPO with KL in the loss
     kl_estimator: str = "k3"
     kl_in_loss: bool = False
+    vocab_chunk: int = 32  # sequence positions per chunk of the vocabulary log-softmax (memory vs. speed)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm {self.algorithm!r}: expected one of {ALGORITHMS}")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ValueError(f"kl_estimator {self.kl_estimator!r}: expected one of {KL_ESTIMATORS}")
+        if not (isinstance(self.vocab_chunk, int) and self.vocab_chunk > 0):
+            raise ValueError(f"vocab_chunk: expected a positive integer, got {self.vocab_chunk!r}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 for training logprobs, got {self.temperature}")
 
@@ -83,12 +86,12 @@ def _micro(batch: dict[str, jax.Array], num_micro: int) -> dict[str, jax.Array]:
     return {k: split(v) for k, v in batch.items()}
 
 
-def token_logprobs(model: Llama, batch: dict[str, jax.Array], temperature: float) -> tuple[jax.Array, jax.Array]:
-    """[B, L] log p(token_t | tokens_<t) under log_softmax(logits / T) (0 at t = 0) and the entropy there."""
-    logits, _ = model(batch["tokens"], batch["positions"], batch["valid"])
-    logp_all = jax.nn.log_softmax(logits[:, :-1] / temperature, axis=-1)
-    logp = jnp.take_along_axis(logp_all, batch["tokens"][:, 1:, None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+def token_logprobs(model: Llama, batch: dict[str, jax.Array], temperature: float, vocab_chunk: int = 32
+                   ) -> tuple[jax.Array, jax.Array]:
+    """[B, L] log p(token_t | tokens_<t) under log_softmax(logits / T) (0 at t = 0) and the entropy there,
+    computed `vocab_chunk` positions at a time (no [B, L, V] logits; see models/logprobs.py)."""
+    h_btd, _ = model.hidden_states(batch["tokens"], batch["positions"], batch["valid"])
+    logp, entropy = model.token_logprobs(h_btd[:, :-1], batch["tokens"][:, 1:], temperature, vocab_chunk)
     pad = jnp.zeros_like(logp[:, :1])
     return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
 
@@ -165,7 +168,8 @@ class Learner:
     def _score_impl(self, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         model = nnx.merge(self.policy_graphdef, params)
         micro = _micro({k: batch[k] for k in ("tokens", "positions", "valid")}, self.num_micro)
-        logp, entropy = jax.lax.map(lambda mb: token_logprobs(model, mb, self.loss.temperature), micro)
+        logp, entropy = jax.lax.map(lambda mb: token_logprobs(model, mb, self.loss.temperature,
+                                                                 self.loss.vocab_chunk), micro)
         return _unmicro(logp), _unmicro(entropy)
 
     def _values_impl(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
@@ -175,7 +179,9 @@ class Learner:
 
     def _policy_loss(self, params: Any, mb: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
         cfg = self.loss
-        logp, entropy = token_logprobs(nnx.merge(self.policy_graphdef, params), mb, cfg.temperature)
+        logp, entropy = token_logprobs(nnx.merge(self.policy_graphdef, params), mb, cfg.temperature, cfg.vocab_chunk)
+        if not cfg.entropy_coef:  # a diagnostic only: no gradient through it
+            entropy = jax.lax.stop_gradient(entropy)
         if cfg.algorithm == "ppo":
             loss, diag = clipped_policy_loss(logp, mb["old_logp"], mb["advantages"], mb["sampled"], cfg.clip_eps,
                                              weights_bt=mb["weights"])
@@ -218,10 +224,13 @@ def _accumulate_and_apply(loss_fn: Callable, tx: optax.GradientTransformation, s
         return (acc_loss + loss, jax.tree.map(jnp.add, acc_aux, aux), jax.tree.map(jnp.add, acc_grads, grads)), None
 
     first = jax.tree.map(lambda x: x[0], micro)
-    aux_shape = jax.eval_shape(lambda: grad_fn(state.params, first)[0][1])
-    zeros = (jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_shape),
-             jax.tree.map(jnp.zeros_like, state.params))
-    (loss, aux, grads), _ = jax.lax.scan(body, zeros, micro)
+    if num_micro == 1:  # no accumulation buffers: they would cost two extra passes over every parameter
+        (loss, aux), grads = grad_fn(state.params, first)
+    else:
+        aux_shape = jax.eval_shape(lambda: grad_fn(state.params, first)[0][1])
+        zeros = (jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_shape),
+                 jax.tree.map(jnp.zeros_like, state.params))
+        (loss, aux, grads), _ = jax.lax.scan(body, zeros, micro)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = {k: v / num_micro for k, v in aux.items()}

@@ -4,8 +4,9 @@ Resident for the whole run: the policy (params + AdamW's two moments), the froze
 PPO the value model (params + moments). On top of that, at different times:
 - rollout: the KV cache of every dialog of the step (each rollout chunk keeps its cache between turns) and the
   prefill's attention scores for one chunk;
-- update: the gradients (the micro-batch accumulator and one micro-batch's), the training batch, and the
-  activations one micro-batch keeps for the backward pass under the model's remat policy, plus its fp32 logits.
+- update: the gradients (plus an accumulator with several micro-batches), the training batch, the activations
+  one micro-batch keeps for the backward pass under the model's remat policy, and one chunk of the chunked
+  fp32 log-softmax over the vocabulary (with its fp32 accumulator of the output-embedding gradient).
 Parameter shards are exact (the model's logical axes through the sharding rules on the configured mesh);
 activations are a per-token count of what the Llama module saves. `xla_update_memory` compiles the real update
 step and reads XLA's own memory analysis, the cross-check for configs small enough to compile here.
@@ -29,8 +30,8 @@ from models.sharding import DEFAULT_RULES, MESH_AXES, is_variable, logical_to_sp
 from rljax.run_config import loss_config, model_architecture, optim_config
 
 GIB = 2**30
-# fp32 [tokens, vocab] buffers live at once in the loss and its gradient (logits, log-softmax, their
-# gradients), measured from XLA's analysis of the update step
+# fp32 [chunk tokens, vocab] buffers live at once in one chunk of the chunked log-softmax and its gradient
+# (models/logprobs.py: logits, probabilities, their gradient), measured from XLA's analysis of the update step
 LOGIT_COPIES = 3.5
 FIT_FRACTION = 0.92  # of HBM; the rest is left to XLA's runtime, fragmentation and program code
 
@@ -170,14 +171,18 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
 
     rows_dev = _split(dialogs // config.train.micro_batches, batch_ways)
     length = r.cache_capacity
-    comp["gradients (accumulator + micro-batch)"] = 2 * (value if ppo else policy)
+    grads = value if ppo else policy
+    comp["gradients (accumulator + micro-batch)"] = grads * (1 if config.train.micro_batches == 1 else 2)
     batch = train_batch_shapes(dialogs, length, config.env.max_turns)
     comp["training batch"] = sum(x.size * x.dtype.itemsize for x in batch.values()) // (
         batch_ways if dialogs % batch_ways == 0 else 1)
     saved = activation_bytes_per_token(arch, tensor, length)
     working = activation_bytes_per_token(arch, tensor, length, remat="none")  # the layer whose backward runs
-    comp["activations (one micro-batch)"] = rows_dev * length * (
-        arch.num_layers * saved + working + LOGIT_COPIES * _split(arch.vocab_size, tensor) * 4)
+    comp["activations (one micro-batch)"] = rows_dev * length * (arch.num_layers * saved + working)
+    chunk_tokens = rows_dev * min(config.train.vocab_chunk, length)
+    head_fp32 = _split(arch.vocab_size, tensor) * _split(arch.hidden_size, sizes["fsdp"]) * 4
+    comp["log-softmax chunk + fp32 head gradient"] = (
+        chunk_tokens * LOGIT_COPIES * _split(arch.vocab_size, tensor) * 4 + head_fp32)
     assumptions = [
         f"mesh data={sizes['data']} fsdp={sizes['fsdp']} tensor={sizes['tensor']} on {topology.devices} devices",
         f"{dialogs} dialogs per step, cache {r.cache_capacity} tokens each, {r.num_chunks} rollout chunks",
@@ -186,7 +191,8 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
         f"at the full {length}-token context, remat={arch.remat}, params {arch.param_dtype}, compute {arch.dtype}",
         f"fits when the peak is at most {FIT_FRACTION:.0%} of {topology.hbm_bytes / GIB:g} GiB"]
     return MemoryPlan(topology, sizes, comp, ["KV cache (all dialogs)", "prefill attention (one chunk)"],
-                      ["gradients (accumulator + micro-batch)", "training batch", "activations (one micro-batch)"],
+                      ["gradients (accumulator + micro-batch)", "training batch", "activations (one micro-batch)",
+                       "log-softmax chunk + fp32 head gradient"],
                       assumptions)
 
 
@@ -223,7 +229,8 @@ def planned_update(plan: MemoryPlan) -> dict[str, int]:
     """The plan's figures for the same things XLA's analysis of the update step counts."""
     c = plan.components
     return {"arguments": c["policy params"] + c["policy AdamW moments"] + c["training batch"],
-            "temporaries": c["gradients (accumulator + micro-batch)"] + c["activations (one micro-batch)"]}
+            "temporaries": c["gradients (accumulator + micro-batch)"] + c["activations (one micro-batch)"]
+            + c["log-softmax chunk + fp32 head gradient"]}
 
 
 def train_batch_shapes(dialogs: int, length: int, turns: int) -> dict[str, jax.ShapeDtypeStruct]:

@@ -48,7 +48,8 @@ def base_config() -> ConfigDict:
     c.optim = ConfigDict({"learning_rate": 2e-7, "warmup_steps": 50, "weight_decay": 0.1, "b1": 0.9, "b2": 0.95,
                           "eps": 1e-8, "max_grad_norm": 1.0})
     c.value_optim = ConfigDict(c.optim.to_dict())
-    c.train = ConfigDict({"micro_batches": 1, "seq_bucket": 64})
+    # vocab_chunk: sequence positions per chunk of the log-softmax over the vocabulary (models/logprobs.py)
+    c.train = ConfigDict({"micro_batches": 1, "seq_bucket": 64, "vocab_chunk": 32})
     c.mesh = ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
     c.checkpoint = ConfigDict({"every": 50, "keep": 3, "async_save": True, "resume": "auto"})
     c.log = ConfigDict({"tensorboard": True, "progress": True})
@@ -71,7 +72,7 @@ CHOICES = {
 }
 POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_problem", "rollout.max_new_tokens",
             "rollout.cache_capacity", "rollout.length_bucket", "rollout.num_chunks", "train.micro_batches",
-            "train.seq_bucket", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs",
+            "train.seq_bucket", "train.vocab_chunk", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs",
             "eval.samples_per_problem", "eval.batch_dialogs", "eval.bootstrap_resamples")
 
 
@@ -273,7 +274,8 @@ def loss_config(config: ConfigDict) -> LossConfig:
     a = config.algo
     return LossConfig(algorithm=a.name, temperature=config.rollout.temperature, clip_eps=a.clip_eps,
                       value_clip=a.value_clip, entropy_coef=a.entropy_coef, kl_coef=a.kl_beta,
-                      kl_estimator=a.kl_estimator, kl_in_loss=a.name == "grpo" and a.kl_placement == "loss")
+                      kl_estimator=a.kl_estimator, kl_in_loss=a.name == "grpo" and a.kl_placement == "loss",
+                      vocab_chunk=config.train.vocab_chunk)
 
 
 def optim_config(cfg: ConfigDict) -> OptimConfig:

@@ -86,8 +86,8 @@ def _micro(batch: dict[str, jax.Array], num_micro: int) -> dict[str, jax.Array]:
     return {k: split(v) for k, v in batch.items()}
 
 
-def token_logprobs(model: Llama, batch: dict[str, jax.Array], temperature: float, vocab_chunk: int = 32
-                   ) -> tuple[jax.Array, jax.Array]:
+def token_logprobs(model: Llama, batch: dict[str, jax.Array], temperature: float,
+                   vocab_chunk: int = LossConfig.vocab_chunk) -> tuple[jax.Array, jax.Array]:
     """[B, L] log p(token_t | tokens_<t) under log_softmax(logits / T) (0 at t = 0) and the entropy there,
     computed `vocab_chunk` positions at a time (no [B, L, V] logits; see models/logprobs.py)."""
     h_btd, _ = model.hidden_states(batch["tokens"], batch["positions"], batch["valid"])

@@ -49,7 +49,7 @@ def base_config() -> ConfigDict:
                           "eps": 1e-8, "max_grad_norm": 1.0})
     c.value_optim = ConfigDict(c.optim.to_dict())
     # vocab_chunk: sequence positions per chunk of the log-softmax over the vocabulary (models/logprobs.py)
-    c.train = ConfigDict({"micro_batches": 1, "seq_bucket": 64, "vocab_chunk": 32})
+    c.train = ConfigDict({"micro_batches": 1, "seq_bucket": 64, "vocab_chunk": LossConfig.vocab_chunk})
     c.mesh = ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
     c.checkpoint = ConfigDict({"every": 50, "keep": 3, "async_save": True, "resume": "auto"})
     c.log = ConfigDict({"tensorboard": True, "progress": True})

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
-from models.config import ConfigError, LlamaConfig
+from models.config import EXECUTION_FIELDS, ConfigError, LlamaConfig
 from models.convert import WeightsError, read_hf_params, write_hf
 from models.llama import Llama
 from models.sharding import DEFAULT_RULES, Rules, state_shardings
@@ -106,15 +106,17 @@ def model_from_params(cfg: LlamaConfig, params: dict[str, Any], mesh: Mesh | Non
 
 
 def load_checkpoint(ckpt_dir: str | Path, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES,
-                    dtype: str | None = None, remat: str | None = None) -> Llama:
-    """Restore an rljax checkpoint as a model (optionally sharded on `mesh`, cast to `dtype`, with another
-    rematerialisation policy for training)."""
+                    dtype: str | None = None, **execution: Any) -> Llama:
+    """Restore an rljax checkpoint as a model (optionally sharded on `mesh`, cast to `dtype`, with other
+    execution settings: `remat`, `attention_query_blocks`)."""
     cfg, params = read_params(ckpt_dir, mesh, rules)
     if dtype is not None:
         cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
-    if remat is not None:
-        cfg = cfg.replace(remat=remat)
-    return model_from_params(cfg, params, mesh, rules)
+    execution = {k: v for k, v in execution.items() if v is not None}  # None keeps the checkpoint's own
+    unknown = sorted(set(execution) - EXECUTION_FIELDS)
+    if unknown:
+        raise TypeError(f"load_checkpoint: {unknown} are not execution settings; expected {sorted(EXECUTION_FIELDS)}")
+    return model_from_params(cfg.replace(**execution), params, mesh, rules)
 
 
 def from_hf(hf_dir: str | Path, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES,

@@ -11,6 +11,10 @@ class ConfigError(ValueError):
     """A model config (preset, config.json, GGUF metadata) that rljax cannot use."""
 
 
+# LlamaConfig fields that change how the model runs, not its weights (a checkpoint loads under any of them)
+EXECUTION_FIELDS = frozenset({"remat", "attention_query_blocks"})
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
     """Llama 3.1 RoPE frequency scaling ("llama3" rope_type)."""
@@ -40,10 +44,13 @@ class LlamaConfig:
     dtype: str = "float32"  # activations / compute
     param_dtype: str = "float32"
     remat: str = "none"  # none | full | dots_saveable
+    # cache-less passes (training, scoring): causal attention in up to this many query blocks (of at least 32
+    # positions), each skipping the keys after it
+    attention_query_blocks: int = 8
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                    "head_dim")
+                    "head_dim", "attention_query_blocks")
         for name in positive:
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"LlamaConfig.{name} must be a positive integer, got {getattr(self, name)!r}")

@@ -122,25 +122,65 @@ def _attention(cfg: LlamaConfig, x_btd: jax.Array, p: dict[str, jax.Array], posi
     q_btnh = apply_rope(dense(x_btd, p["q_dnh"]), positions_bt, inv_freq)
     k_btkh = apply_rope(dense(x_btd, p["k_dkh"]), positions_bt, inv_freq)
     v_btkh = dense(x_btd, p["v_dkh"])
-    b, t, n, h = q_btnh.shape
-    kv = cfg.num_kv_heads
-    q_btkgh = q_btnh.reshape(b, t, kv, n // kv, h)
-    scale = h ** -0.5
-    scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_btkh, preferred_element_type=jnp.float32)
-    scores = jnp.where(allowed_new_btt[:, None, None], scores * scale, _MASKED)
-    if cached is not None:
+    if cached is None:
+        blocks = query_block_count(cfg, q_btnh.shape[1])
+        out_btnh = _blocked_self_attention(q_btnh, k_btkh, v_btkh, allowed_new_btt, blocks)
+    else:
+        b, t, n, h = q_btnh.shape
+        kv = cfg.num_kv_heads
+        q_btkgh = q_btnh.reshape(b, t, kv, n // kv, h)
+        scale = h ** -0.5
         k_bskh, v_bskh, allowed_old_bts = cached
+        new = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_btkh, preferred_element_type=jnp.float32)
+        new = jnp.where(allowed_new_btt[:, None, None], new * scale, _MASKED)
         old = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh.astype(dt), preferred_element_type=jnp.float32)
         old = jnp.where(allowed_old_bts[:, None, None], old * scale, _MASKED)
-        probs = jax.nn.softmax(jnp.concatenate([old, scores], axis=-1), axis=-1).astype(dt)
+        probs = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(dt)
         s = old.shape[-1]
         out_btkgh = (jnp.einsum("bkgts,bskh->btkgh", probs[..., :s], v_bskh.astype(dt))
                      + jnp.einsum("bkgts,bskh->btkgh", probs[..., s:], v_btkh))
-    else:
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs, v_btkh)
-    out_btnh = constrain(out_btkgh.reshape(b, t, n, h), ("batch", "length", "heads", "head_dim"))
+        out_btnh = out_btkgh.reshape(b, t, n, h)
+    out_btnh = constrain(out_btnh, ("batch", "length", "heads", "head_dim"))
     return dense(out_btnh, p["o_nhd"], contract=2), k_btkh, v_btkh
+
+
+MIN_QUERY_BLOCK = 32  # shorter blocks cost more in small matmuls and copies than the skipped keys save
+
+
+def query_block_count(config: LlamaConfig, length: int) -> int:
+    """How many query blocks cache-less attention over `length` tokens uses: the config's count, but no
+    block shorter than MIN_QUERY_BLOCK positions."""
+    return max(1, min(config.attention_query_blocks, length // MIN_QUERY_BLOCK))
+
+
+def _blocked_self_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, allowed_btt: jax.Array,
+                            num_blocks: int) -> jax.Array:
+    """T tokens attending to their own keys (no cache), the queries split into `num_blocks` blocks.
+
+    The block of queries [start, end) scores only the keys [0, end): the later ones are causally masked anyway,
+    so 8 blocks skip ~44% of the score and value matmuls (padding is still masked by `allowed_btt`). Heads lead
+    ([B, kv heads, group * block, H]) so XLA:CPU's batched matmuls need no transposed copies backwards.
+    SmolLM2 layer fwd+bwd at 8 x 256 on 2 CPU cores: 56 ms token-major in one block, 32 ms this way.
+    """
+    b, t, n, h = q_btnh.shape
+    kv = k_btkh.shape[2]
+    g = n // kv
+    dt = q_btnh.dtype
+    q_bkgth = q_btnh.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4)
+    k_bksh, v_bksh = k_btkh.transpose(0, 2, 1, 3), v_btkh.transpose(0, 2, 1, 3)
+    size = -(-t // num_blocks)
+    blocks = []
+    for start in range(0, t, size):
+        end = min(start + size, t)
+        rows = end - start
+        q_block = q_bkgth[:, :, :, start:end].reshape(b, kv, g * rows, h)
+        scores = jnp.einsum("bkqh,bksh->bkqs", q_block, k_bksh[:, :, :end], preferred_element_type=jnp.float32)
+        scores = jnp.where(allowed_btt[:, None, None, start:end, :end], scores.reshape(b, kv, g, rows, end) * h ** -0.5,
+                           _MASKED)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt).reshape(b, kv, g * rows, end)
+        blocks.append(jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh[:, :, :end]).reshape(b, kv, g, rows, h))
+    out_bkgth = jnp.concatenate(blocks, axis=3) if len(blocks) > 1 else blocks[0]
+    return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
 def _mlp(x_btd: jax.Array, p: dict[str, jax.Array]) -> jax.Array:

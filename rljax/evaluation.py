@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -78,17 +78,16 @@ def swerl_metrics(records: Sequence[dict[str, Any]], resamples: int = 2000, seed
             "exact_match_rate": per_problem(lambda d: d["statuses"][-1] == "exact")}
 
 
-def usable_rows(rows: Sequence[dict[str, Any]], reset: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """The rows the environment accepts, and {problem: reason} for each it refuses (counted in the report and
-    logged, never dropped silently); an eval set with no usable row is an error."""
+def usable_rows(rows: Sequence[dict[str, Any]], parse: Callable[[dict[str, Any]], Any]
+                ) -> tuple[list[tuple[dict[str, Any], Any]], dict[str, str]]:
+    """(row, parsed problem) for each row the environment accepts, and {problem: reason} for each it refuses
+    (counted in the report and logged, never dropped silently); an eval set with no usable row is an error."""
     kept, skipped = [], {}
     for i, row in enumerate(rows):
         try:
-            reset(row)
+            kept.append((row, parse(row)))
         except ProblemError as err:
             skipped[str(row.get("name") or row.get("instance_id") or f"row {i}")] = str(err)
-            continue
-        kept.append(row)
     if skipped:
         log.warning("evaluation: skipped %d of %d problems the environment refuses (first: %s)", len(skipped),
                     len(rows), next(iter(skipped.values())))
@@ -108,7 +107,7 @@ class Evaluator:
         e = config.eval
         rows = eval_rows(config)
         self.env = build_env(config.env, rows, data_source=e.source or config.data.source)
-        self.rows, self.skipped = usable_rows(rows, self.env.reset)
+        self.rows, self.skipped = usable_rows(rows, self.env.parse)
         self.codec = build_codec(config, tokenizer)
         self.sampling = SamplingParams(max_new_tokens=e.max_new_tokens or config.rollout.max_new_tokens,
                                        temperature=e.temperature, top_p=e.top_p,
@@ -128,7 +127,7 @@ class Evaluator:
         if policy is not None:
             self.sampler.model = policy
         e = self.config.eval
-        episodes = [(row, s) for row in self.rows for s in range(e.samples_per_problem)]
+        episodes = [(row, problem) for row, problem in self.rows for _ in range(e.samples_per_problem)]
         records: list[dict[str, Any]] = []
         started = time.perf_counter()
         bar = tqdm(total=len(episodes), desc="eval", disable=not progress, dynamic_ncols=True)
@@ -137,7 +136,7 @@ class Evaluator:
             names = [str(row.get("name") or row.get("instance_id")) for row, _ in chunk]
             key = jax.random.fold_in(jax.random.key(e.seed), start)
             with use_mesh(self.mesh):
-                trajectories, _ = self.runner.run([self.env.reset(row) for row, _ in chunk],
+                trajectories, _ = self.runner.run([self.env.open(problem) for _, problem in chunk],
                                                   list(range(len(chunk))), names, key)
             records += [dialog_record(t) for t in trajectories]
             bar.update(len(chunk))

@@ -1,7 +1,7 @@
 """Will a run config fit a pod slice? Per-chip memory of every resident copy and of each phase's peak.
 
-Resident for the whole run: the policy (params + AdamW's two moments), the frozen reference policy, and for
-PPO the value model (params + moments). On top of that, at different times:
+Resident for the whole run: the policy (params + AdamW's two moments), the frozen reference policy (unless KL
+is weighted 0), and for PPO the value model (params + moments). On top of that, at different times:
 - rollout: the KV cache of every dialog of the step (each rollout chunk keeps its cache between turns) and the
   prefill's attention scores for one chunk;
 - update: the gradients (plus an accumulator with several micro-batches), the training batch, the activations
@@ -25,7 +25,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from models.config import LlamaConfig
-from models.llama import Llama, LlamaValueModel
+from models.llama import Llama, LlamaValueModel, query_block_count
 from models.sharding import DEFAULT_RULES, MESH_AXES, is_variable, logical_to_spec, mesh_shape
 from rljax.run_config import loss_config, model_architecture, optim_config
 
@@ -137,9 +137,12 @@ def activation_bytes_per_token(arch: LlamaConfig, tensor: int, context: int, rem
         return a * d
     if remat == "dots_saveable":  # matmul outputs without batch dims: projections and MLP, not attention
         return a * (qkv + heads * hd + 3 * d + 2 * f)
-    # norms' inputs and outputs, q/k/v before and after RoPE, attention scores (fp32) and probabilities,
-    # attention output and projection, MLP gate/up/activation and output
-    return a * (4 * d + 2 * qkv + heads * hd + d + 3 * f + d) + heads * context * (4 + a)
+    # norms' inputs and outputs, q/k/v before and after RoPE, attention scores (fp32) and probabilities over
+    # the keys of the query's block (models.llama._blocked_self_attention), attention output and projection,
+    # MLP gate/up/activation and output
+    blocks = query_block_count(arch, context)
+    keys = context * (blocks + 1) / (2 * blocks)
+    return a * (4 * d + 2 * qkv + heads * hd + d + 3 * f + d) + int(heads * keys * (4 + a))
 
 
 def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0) -> MemoryPlan:
@@ -154,7 +157,9 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
 
     policy = _shard_bytes(nnx.state(nnx.eval_shape(lambda: Llama(arch, rngs=nnx.Rngs(0)))), sizes)
     value = _shard_bytes(nnx.state(nnx.eval_shape(lambda: LlamaValueModel(arch, rngs=nnx.Rngs(0)))), sizes)
-    comp = {"policy params": policy, "policy AdamW moments": 2 * policy, "reference params": policy}
+    comp = {"policy params": policy, "policy AdamW moments": 2 * policy}
+    if config.algo.kl_beta:  # the trainer keeps no reference copy when KL is weighted 0
+        comp["reference params"] = policy
     if ppo:
         comp.update({"value params": value, "value AdamW moments": 2 * value})
 

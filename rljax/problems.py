@@ -42,25 +42,26 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 class ProblemStream:
-    """Batches of valid rows from a grain pipeline; `get_state`/`set_state` checkpoint its position."""
+    """Batches of (row, parsed problem) from a grain pipeline, rows the environment refuses skipped and counted;
+    `get_state`/`set_state` checkpoint its position."""
 
-    def __init__(self, rows: list[dict[str, Any]], validate: Callable[[dict[str, Any]], Any], seed: int):
+    def __init__(self, rows: list[dict[str, Any]], parse: Callable[[dict[str, Any]], Any], seed: int):
         if not rows:
             raise ValueError("ProblemStream: the problem source is empty")
         dataset = gp.MapDataset.source(rows).shuffle(seed=seed).repeat()
         self._iterator = dataset.to_iter_dataset().__iter__()
-        self._validate = validate
+        self._parse = parse
         self._num_rows = len(rows)
         self.skipped = 0
         self._reasons: set[str] = set()
 
-    def next_batch(self, size: int) -> list[dict[str, Any]]:
-        batch: list[dict[str, Any]] = []
+    def next_batch(self, size: int) -> list[tuple[dict[str, Any], Any]]:
+        batch: list[tuple[dict[str, Any], Any]] = []
         misses = 0
         while len(batch) < size:
             row = next(self._iterator)
             try:
-                self._validate(row)
+                problem = self._parse(row)
             except ProblemError as err:
                 self.skipped += 1
                 misses += 1
@@ -71,7 +72,7 @@ class ProblemStream:
                     raise ValueError(f"ProblemStream: none of the {self._num_rows} problems is usable "
                                      f"(last: {err})") from None
                 continue
-            batch.append(row)
+            batch.append((row, problem))
         return batch
 
     def get_state(self) -> dict[str, Any]:

@@ -52,7 +52,8 @@ class Trainer:
         self.mesh = build_mesh(config.mesh)
         policy, self.tokenizer = build_policy(config.model, self.mesh)
         shard_model(policy, self.mesh)
-        self.ref_params = jax.tree.map(jnp.copy, nnx.state(policy))
+        # the frozen reference only matters when KL is weighted in (kl_beta 0: no copy, no scoring pass)
+        self.ref_params = jax.tree.map(jnp.copy, nnx.state(policy)) if config.algo.kl_beta else None
         value_model = None
         if config.algo.name == "ppo":
             value_model = LlamaValueModel(policy.config, rngs=nnx.Rngs(config.seed + 1))
@@ -63,7 +64,7 @@ class Trainer:
         self.codec = build_codec(config, self.tokenizer)
         rows = load_rows(config.data)
         self.env = build_env(config.env, rows, data_source=config.data.source)
-        self.stream = ProblemStream(rows, self.env.reset, config.seed)
+        self.stream = ProblemStream(rows, self.env.parse, config.seed)
         r = config.rollout
         self.sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                        top_k=r.top_k, stop_ids=tuple(self.codec.stop_ids))
@@ -112,11 +113,11 @@ class Trainer:
         cfg = self.config
         started = time.perf_counter()
         share = distributed.local_share(cfg.rollout.problems_per_step)
-        rows = self.stream.next_batch(cfg.rollout.problems_per_step)[share]
+        batch = self.stream.next_batch(cfg.rollout.problems_per_step)[share]
         samples = cfg.rollout.samples_per_problem
-        episodes = [self.env.reset(row) for row in rows for _ in range(samples)]
+        episodes = [self.env.open(problem) for _, problem in batch for _ in range(samples)]
         groups = [share.start + i // samples for i in range(len(episodes))]
-        names = [str(row.get("name") or row.get("instance_id")) for row in rows for _ in range(samples)]
+        names = [str(row.get("name") or row.get("instance_id")) for row, _ in batch for _ in range(samples)]
         self.sampler.model = self.learner.policy_model()
         key = jax.random.fold_in(jax.random.key(cfg.seed), self.step_count)
         with use_mesh(self.mesh):
@@ -140,13 +141,15 @@ class Trainer:
         arrays = batching.build_batch(trajectories, self.env.max_turns, cfg.train.seq_bucket, self.pad_id)
         placed = self._place(arrays)
         old_logp, entropy = (host_array(x) for x in self.learner.score(self.learner.policy_state.params, placed))
-        ref_logp = host_array(self.learner.score(self.ref_params, placed)[0])
         sampled = arrays["sampled"]
+        # KL weighted 0: no reference pass; the loss and the shaping see zero KL and it is not logged
+        ref_logp = old_logp if self.ref_params is None else host_array(self.learner.score(self.ref_params, placed)[0])
         kl_tok = (old_logp - ref_logp) * sampled
         metrics: dict[str, Any] = {
-            "kl/ref_per_token": float(kl_tok.sum() / max(sampled.sum(), 1.0)),
             "entropy/sampled": float((entropy * sampled).sum() / max(sampled.sum(), 1.0)),
             "policy/sampler_logprob_max_diff": float(np.max(np.abs(old_logp - arrays["sampler_logp"]) * sampled))}
+        if self.ref_params is not None:
+            metrics["kl/ref_per_token"] = float(kl_tok.sum() / max(sampled.sum(), 1.0))
         extra: dict[str, np.ndarray] = {"old_logp": old_logp, "ref_logp": ref_logp,
                                         "weights": batching.aggregation_weights(sampled, algo.aggregation)}
         if algo.name == "ppo":

@@ -20,6 +20,7 @@ def main(argv: list[str]) -> None:
     c.workdir = workdir
     c.total_steps = steps
     c.rollout.problems_per_step = 4
+    c.algo.kl_beta, c.algo.kl_placement = 0.05, "loss"  # so the hosts also agree on the reference pass and KL
     c.rollout.num_chunks = 1  # chunks are host-major; one chunk makes the global batch order the 1-host order
     c.checkpoint.every = 1
     c.checkpoint.keep = 5

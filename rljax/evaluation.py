@@ -46,11 +46,13 @@ def rlef_metrics(records: Sequence[dict[str, Any]], specs: Sequence[str], max_tu
     if not by_problem:
         raise ValueError("evaluation: no dialogs to score (the eval set is empty)")
     out: dict[str, Any] = {"problems": len(by_problem), "dialogs": len(records)}
+    per_problem_values: dict[str, dict[str, float]] = {}
     for spec in specs:
         n, k = estimators.parse_n_at_k(spec)
         per_problem = [estimators.n_at_k([estimators.DialogOutcome(d["turns"], d["passed_public"], d["solved"])
                                           for d in dialogs], n, k, seed=seed) for dialogs in by_problem.values()]
         out[f"{n}@{k}"] = estimators.estimate(per_problem, resamples, seed).as_dict()
+        per_problem_values[f"{n}@{k}"] = dict(zip(by_problem, per_problem))
     for turn in range(1, max_turns + 1):
         per_problem = [float(np.mean([d["solved"] and d["turns"] <= turn for d in ds])) for ds in by_problem.values()]
         out[f"solve_rate/turn_{turn}"] = estimators.estimate(per_problem, resamples, seed).as_dict()
@@ -58,7 +60,19 @@ def rlef_metrics(records: Sequence[dict[str, Any]], specs: Sequence[str], max_tu
     out["pass@1/first_answer"] = estimators.estimate(first, resamples, seed).as_dict()
     out["reward/mean"] = float(np.mean([r["reward"] for r in records]))
     out["status"] = dict(collections.Counter(r["statuses"][-1] if r["statuses"] else "none" for r in records))
+    out["per_problem"] = per_problem_values  # for paired comparisons of two runs on the same problems
     return out
+
+
+def paired_difference(before: dict[str, Any], after: dict[str, Any], metric: str = "1@3", resamples: int = 2000,
+                      seed: int = 0) -> dict[str, float]:
+    """after - before of an n@k metric over the problems both reports scored, with a bootstrap 95% interval
+    that resamples problems (each keeps its own pair), so problem difficulty cancels out of the interval."""
+    first, second = before["metrics"]["per_problem"][metric], after["metrics"]["per_problem"][metric]
+    common = [p for p in first if p in second]
+    if not common:
+        raise ValueError(f"paired_difference: the two reports share no problem for {metric}")
+    return estimators.estimate([second[p] - first[p] for p in common], resamples, seed).as_dict()
 
 
 def swerl_metrics(records: Sequence[dict[str, Any]], resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
@@ -106,7 +120,9 @@ class Evaluator:
         self.config, self.mesh = config, mesh
         e = config.eval
         rows = eval_rows(config)
-        self.env = build_env(config.env, rows, data_source=e.source or config.data.source)
+        env = config.env.copy_and_resolve_references()
+        env.max_turns = e.max_turns or env.max_turns
+        self.env = build_env(env, rows, data_source=e.source or config.data.source)
         self.rows, self.skipped = usable_rows(rows, self.env.parse)
         self.codec = build_codec(config, tokenizer)
         self.sampling = SamplingParams(max_new_tokens=e.max_new_tokens or config.rollout.max_new_tokens,

@@ -55,8 +55,10 @@ def base_config() -> ConfigDict:
     c.checkpoint = ConfigDict({"every": 50, "keep": 3, "async_save": True, "resume": "auto"})
     c.log = ConfigDict({"tensorboard": True, "progress": True})
     c.distributed = distributed_config()  # multi-host: see rljax.distributed.initialize
-    # evaluation (rljax eval, the demo): source "" = the training data; n_at_k a comma list like "1@3,10@100"
-    c.eval = ConfigDict({"source": "", "path": "", "max_problems": 0, "samples_per_problem": 1, "temperature": 0.2,
+    # evaluation (rljax eval, the demo): source "" = the training data; n_at_k a comma list like "1@3,10@100";
+    # max_turns 0 = env.max_turns (a run may train on one-answer dialogs and evaluate RLEF's 3-turn 1@3)
+    c.eval = ConfigDict({"source": "", "path": "", "max_problems": 0, "samples_per_problem": 1, "max_turns": 0,
+                         "temperature": 0.2,
                          "top_p": 1.0, "max_new_tokens": 0, "n_at_k": "1@3", "batch_dialogs": 16,
                          "bootstrap_resamples": 2000, "seed": 0})
     return c
@@ -116,6 +118,9 @@ def validate(config: ConfigDict) -> None:
                 parse_n_at_k(spec)
             except ValueError as err:
                 raise ValueError(f"config.eval.n_at_k: {err}") from None
+    eval_turns = _get(config, "eval.max_turns")
+    if not isinstance(eval_turns, int) or eval_turns < 0:
+        raise ValueError(f"config.eval.max_turns: expected an integer >= 0 (0 = env.max_turns), got {eval_turns!r}")
     if config.env.name == "swerl" and config.env.max_turns != 1:
         raise ValueError("config.env.max_turns: SWE-RL has a single turn; set it to 1")
     model = config.model

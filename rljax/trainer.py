@@ -17,7 +17,7 @@ from ml_collections import ConfigDict
 
 from executor.pool import ExecutorPool
 from models.llama import LlamaValueModel
-from models.sampler import Sampler, SamplingParams
+from models.sampler import FINISH_LENGTH, Sampler, SamplingParams
 from models.sharding import batch_sharding, host_array, shard_model, use_mesh
 from rljax import advantages as adv
 from rljax import batching
@@ -229,6 +229,10 @@ def rollout_metrics(trajectories: list[Trajectory], stats: RolloutStats, max_tur
     out["turns/mean"] = float(np.mean([t.num_turns for t in trajectories]))
     lengths = [sum(1 for k in t.turn_of_token if k == turn) for t in trajectories for turn in range(t.num_turns)]
     out["response_length/mean"] = float(np.mean(lengths)) if lengths else 0.0
+    answers = [(status, reason) for t in trajectories for status, reason in zip(t.statuses, t.finish_reasons)]
+    if answers:  # what explains a reward change: answers without code, answers cut at the token budget
+        out["answers/no_code_share"] = float(np.mean([status == "no_code" for status, _ in answers]))
+        out["answers/truncated_share"] = float(np.mean([reason == FINISH_LENGTH for _, reason in answers]))
     out["rollout/executor_errors"] = stats.executor_errors
     out["rollout/context_full"] = stats.context_full
     out["rollout/dialogs"] = len(trajectories)

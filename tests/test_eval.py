@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rljax.eval import DialogOutcome, bootstrap_ci, n_at_k, parse_n_at_k, pass_at_k
-from rljax.evaluation import rlef_metrics
+from rljax.evaluation import paired_difference, rlef_metrics
 
 
 def _exact_pass_at_k(n, c, k):
@@ -72,8 +72,25 @@ def test_rlef_metrics_from_dialog_records():
     assert m["pass@1/first_answer"]["value"] == pytest.approx(0.25)
     assert m["status"] == {"solved": 3, "failed_public": 1}
     assert m["reward/mean"] == pytest.approx(0.45)
+    assert m["per_problem"]["1@3"]["b"] == 1.0 and m["per_problem"]["1@3"]["a"] == pytest.approx(0.5, abs=0.05)
     with pytest.raises(ValueError, match="eval set is empty"):
         rlef_metrics([], ["1@3"], 3)
+
+
+def test_paired_difference_pairs_problems_and_ignores_unshared_ones():
+    def report(values):
+        return {"metrics": {"per_problem": {"1@3": values}}}
+
+    before = report({"a": 0.0, "b": 0.5, "c": 1.0, "only_before": 1.0})
+    after = report({"a": 1.0, "b": 0.5, "c": 1.0, "only_after": 0.0})
+    diff = paired_difference(before, after, resamples=500)
+    assert diff["value"] == pytest.approx(1 / 3) and diff["problems"] == 3
+    # resampling (a, b, c) with replacement: the mean difference is k/3 for k ones drawn, from 0 to 1
+    assert 0.0 <= diff["ci95_low"] < diff["value"] < diff["ci95_high"] <= 1.0
+    same = paired_difference(before, before)
+    assert same == {"value": 0.0, "ci95_low": 0.0, "ci95_high": 0.0, "problems": 4}
+    with pytest.raises(ValueError, match="share no problem"):
+        paired_difference(report({"x": 1.0}), report({"y": 1.0}))
 
 
 def test_eval_run_and_plots_on_the_toy_task(tmp_path, capsys):
@@ -109,8 +126,8 @@ def test_eval_run_and_plots_on_the_toy_task(tmp_path, capsys):
     assert "1@3" in format_table(report)
     write_report(report, tmp_path / "run" / "eval" / "step0002_eval.json")
     names = sorted(p.name for p in plot_run(tmp_path / "run"))
-    assert names == ["eval.png", "kl_entropy.png", "reward.png", "solve_rate.png", "solve_rate_by_turn.png",
-                     "turn_histogram.png"]
+    assert names == ["answer_length.png", "answer_shares.png", "eval.png", "kl_entropy.png", "reward.png",
+                     "solve_rate.png", "solve_rate_by_turn.png", "turn_histogram.png"]
     assert all((tmp_path / "run" / "plots" / n).stat().st_size > 1000 for n in names)
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -140,6 +140,53 @@ def test_same_key_same_tokens_other_key_other_tokens(tiny):
     assert first == again and first != other
 
 
+def test_a_large_reserved_cache_gives_the_same_tokens_and_logprobs(tiny):
+    """Decode attends to a window that grows with the filled cache (models.sampler.attention_window); a cache
+    of 1024 slots crosses windows 128 -> 256 here and must sample what an exactly sized cache samples."""
+    prompts = _prompts(7, (5, 11, 2), 512)
+    sampling = SamplingParams(max_new_tokens=90, temperature=1.0)
+    small, _ = Sampler(tiny).generate(prompts, sampling, jax.random.key(4))
+    large, state = Sampler(tiny).generate(prompts, sampling, jax.random.key(4), cache_capacity=1024)
+    assert int(state.cache.index) > 128  # the decode crossed a window boundary
+    assert [c.token_ids for c in small] == [c.token_ids for c in large]
+    for a, b in zip(small, large):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    greedy = SamplingParams(max_new_tokens=90, temperature=0.0)
+    assert ([c.token_ids for c in Sampler(tiny).generate(prompts, greedy, jax.random.key(0))[0]]
+            == [c.token_ids for c in Sampler(tiny).generate(prompts, greedy, jax.random.key(0), 1024)[0]])
+
+
+def test_attention_window_grows_in_powers_of_two_up_to_the_capacity():
+    from models.sampler import attention_window
+
+    assert [attention_window(n, 1024) for n in (1, 128, 129, 300, 513, 1024)] == [128, 128, 256, 512, 1024, 1024]
+    assert attention_window(200, 192) == 192
+
+
+def test_decode_step_copies_no_weight_stack_and_no_cache_buffer(tiny):
+    """The compiled decode loop reads per-layer weights sliced once outside it and updates each layer's cache
+    buffer in place: no copy, slice or dynamic-slice in the HLO as large as a weight matrix or a cache buffer."""
+    import re
+
+    from models.sampler import _decode
+
+    sampler = Sampler(tiny)
+    sampling = SamplingParams(max_new_tokens=4, temperature=1.0)
+    _, state = sampler.generate([[1, 2, 3], [4, 5]], sampling, jax.random.key(0), cache_capacity=128)
+    graphdef, params, layers = sampler._weights()
+    hlo = _decode.lower(graphdef, params, layers, state, jnp.int32(4), jax.random.key(1), jnp.float32(1.0),
+                        jnp.float32(1.0), static=sampler._static(sampling), mesh_rules=None,
+                        window=128).compile().as_text()
+    smallest_weight = min(int(np.prod(w.shape)) for w in layers[0].values() if w.ndim >= 2)
+    cache_buffer = int(np.prod(state.cache.k_bkhs[0].shape))
+    moved = [(shape, op) for shape, op in re.findall(r"= (\w+\[[\d,]*\])\S* (copy|slice|dynamic-slice)\(", hlo)
+             if int(np.prod([int(d) for d in shape.split("[")[1][:-1].split(",") if d] or [1]))
+             >= min(smallest_weight, cache_buffer)]
+    assert moved == []
+    in_place = re.findall(r"dynamic-update-slice\(", hlo)
+    assert len(in_place) >= 2 * tiny.config.num_layers  # each layer's key and value buffer, written in place
+
+
 def test_top_k_one_is_greedy(tiny):
     prompts = _prompts(3, (5, 8), 512)
     greedy = Sampler(tiny).generate(prompts, SamplingParams(max_new_tokens=10, temperature=0.0), jax.random.key(0))

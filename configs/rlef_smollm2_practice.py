@@ -30,7 +30,7 @@ def get_config():
     c.rollout.samples_per_problem = 8
     c.rollout.max_new_tokens = 160
     c.rollout.temperature = 0.7
-    c.rollout.cache_capacity = 1024
+    c.rollout.cache_capacity = 2048  # three answers with full feedback; decode reads only the filled window
     c.rollout.length_bucket = 64
     c.rollout.num_chunks = 2
     c.train.micro_batches = 4
@@ -40,5 +40,5 @@ def get_config():
     c.checkpoint.every = 5
     c.eval.source = "practice_heldout"
     c.eval.temperature = 0.2  # RLEF's 1@3 decoding
-    c.eval.batch_dialogs = 16
+    c.eval.batch_dialogs = 48
     return c

@@ -294,18 +294,6 @@ def _join_lines(rng: random.Random) -> Variant:
 # distinct problems.
 
 
-def _second_largest(rng: random.Random) -> Variant:
-    k = rng.choice([2, 3])
-    nth = {2: "second", 3: "third"}[k]
-    return Variant(rng.choice(["The first line has an integer n (n >= {k}). The second line has n distinct "
-                               "integers. Print the {nth} largest of them.",
-                               "Read n (n >= {k}) on the first line and n different integers on the second line. "
-                               "Output the {nth} largest value."]).format(k=k, nth=nth),
-                   f"input()\nxs = sorted(map(int, input().split()))\nprint(xs[-{k}])\n",
-                   lambda s: f"{sorted(_list_of(s))[-k]}\n",
-                   lambda r: (lambda xs: f"{len(xs)}\n{_line(xs)}\n")(r.sample(range(-50, 50), r.randint(k, 7))))
-
-
 def _count_greater(rng: random.Random) -> Variant:
     k = rng.randint(-5, 20)
     return Variant(rng.choice(["The input is one line of integers separated by spaces. Print how many of them are "
@@ -332,15 +320,6 @@ def _distinct(rng: random.Random) -> Variant:
                                f"{fmt} Output the number of distinct integers."]),
                    f"{read}print(len(set(xs)))\n", lambda s: f"{len(set(_list_of(s)))}\n",
                    lambda r: _list_input(r, with_count, 0, 5))
-
-
-def _leap_year(rng: random.Random) -> Variant:
-    yes, no = rng.choice([("YES", "NO"), ("leap", "common"), ("yes", "no"), ("True", "False")])
-    return Variant(f"Read a year y. Print {yes} if it is a leap year (divisible by 4, except years divisible by "
-                   f"100 that are not divisible by 400), otherwise print {no}.",
-                   f"y = int(input())\nprint('{yes}' if y % 4 == 0 and (y % 100 != 0 or y % 400 == 0) else '{no}')\n",
-                   lambda s: (yes if int(s) % 4 == 0 and (int(s) % 100 != 0 or int(s) % 400 == 0) else no) + "\n",
-                   lambda r: f"{r.choice([1900, 2000, 2024, 2023, r.randint(1600, 2400)])}\n")
 
 
 def _double_letters(rng: random.Random) -> Variant:
@@ -385,15 +364,6 @@ def _capitalize(rng: random.Random) -> Variant:
                    lambda r: " ".join(_word(r) for _ in range(r.randint(1, 4))) + "\n")
 
 
-def _triangle(rng: random.Random) -> Variant:
-    yes, no = rng.choice([("YES", "NO"), ("yes", "no"), ("possible", "impossible")])
-    return Variant(f"Read three positive integers a, b, c on one line. Print {yes} if they can be the side lengths "
-                   f"of a triangle (each is smaller than the sum of the other two), otherwise print {no}.",
-                   f"a, b, c = sorted(map(int, input().split()))\nprint('{yes}' if a + b > c else '{no}')\n",
-                   lambda s: (yes if (lambda x: x[0] + x[1] > x[2])(sorted(map(int, s.split()))) else no) + "\n",
-                   lambda r: _line(_ints(r, 3, 1, 12)) + "\n")
-
-
 def _remove_letters(rng: random.Random) -> Variant:
     vowels = rng.random() < 0.5
     what, test = ("every vowel (a, e, i, o, u)", "not in") if vowels else ("every consonant (keep only a, e, i, "
@@ -404,12 +374,40 @@ def _remove_letters(rng: random.Random) -> Variant:
                    lambda r: f"{_word(r)}\n")
 
 
-def _digit_product(rng: random.Random) -> Variant:
-    return Variant(rng.choice(["Read a positive integer n. Print the product of its digits.",
-                               "Read a positive whole number and output its digits multiplied together."]),
-                   "p = 1\nfor c in input().strip():\n    p *= int(c)\nprint(p)\n",
-                   lambda s: f"{__import__('math').prod(int(c) for c in s.strip())}\n",
-                   lambda r: f"{r.randint(1, 99999)}\n")
+def _subtract_const(rng: random.Random) -> Variant:
+    k = rng.randint(1, 99)
+    return Variant(rng.choice(["Read an integer n. Print n - {k}.", "You are given an integer x. Output x minus {k}.",
+                               "Read one integer and print what remains after subtracting {k} from it."]).format(k=k),
+                   f"print(int(input()) - {k})\n", lambda s: f"{int(s) - k}\n", lambda r: f"{r.randint(-1000, 1000)}\n")
+
+
+def _divide(rng: random.Random) -> Variant:
+    k = rng.randint(2, 9)
+    what, expr, fn = rng.choice([("the quotient n // {k} (integer division, rounded down)", "n // {k}",
+                                  lambda n: n // k),
+                                 ("the remainder of n divided by {k}", "n % {k}", lambda n: n % k)])
+    return Variant(rng.choice(["Read a non-negative integer n. Print {w}.", "You are given a non-negative integer n. "
+                               "Output {w}."]).format(w=what.format(k=k)),
+                   f"n = int(input())\nprint({expr.format(k=k)})\n", lambda s: f"{fn(int(s))}\n",
+                   lambda r: f"{r.randint(0, 500)}\n")
+
+
+def _absolute(rng: random.Random) -> Variant:
+    return Variant(rng.choice(["Read an integer n. Print its absolute value.", "You are given an integer x. Output "
+                               "x without its sign (the absolute value).", "Read one integer and print how far it "
+                               "is from zero."]),
+                   "print(abs(int(input())))\n", lambda s: f"{abs(int(s))}\n", lambda r: f"{r.randint(-500, 500)}\n")
+
+
+def _pick_word(rng: random.Random) -> Variant:
+    what, expr, fn = rng.choice([("first", "[0]", lambda ws: ws[0]), ("last", "[-1]", lambda ws: ws[-1]),
+                                 ("longest (the first one if several are equally long)", "",
+                                  lambda ws: max(ws, key=len))])
+    code = (f"print(input().split(){expr})\n" if expr else "print(max(input().split(), key=len))\n")
+    return Variant(rng.choice([f"Read a line of words separated by spaces. Print the {what} word.",
+                               f"One line of input holds several words separated by spaces. Output the {what} one."]),
+                   code, lambda s: fn(s.split()) + "\n",
+                   lambda r: " ".join(_word(r) for _ in range(r.randint(1, 5))) + "\n")
 
 
 FAMILIES = (
@@ -424,12 +422,12 @@ FAMILIES = (
     Family("count_words", "train", _count_words), Family("count_to", "train", _count_to),
     Family("linear", "train", _linear), Family("digits", "train", _digits), Family("palindrome", "train", _palindrome),
     Family("power", "train", _power), Family("join_lines", "train", _join_lines),
-    Family("second_largest", "heldout", _second_largest), Family("count_greater", "heldout", _count_greater),
+    Family("subtract_const", "heldout", _subtract_const), Family("count_greater", "heldout", _count_greater),
     Family("swap_words", "heldout", _swap_words), Family("distinct", "heldout", _distinct),
-    Family("leap_year", "heldout", _leap_year), Family("double_letters", "heldout", _double_letters),
+    Family("divide", "heldout", _divide), Family("double_letters", "heldout", _double_letters),
     Family("sum_parity", "heldout", _sum_parity), Family("spread", "heldout", _spread),
-    Family("capitalize", "heldout", _capitalize), Family("triangle", "heldout", _triangle),
-    Family("remove_letters", "heldout", _remove_letters), Family("digit_product", "heldout", _digit_product),
+    Family("capitalize", "heldout", _capitalize), Family("absolute", "heldout", _absolute),
+    Family("remove_letters", "heldout", _remove_letters), Family("pick_word", "heldout", _pick_word),
 )
 
 

@@ -133,9 +133,8 @@ def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: j
                       inv_freq: np.ndarray, k_bkhs: jax.Array, v_bksh: jax.Array, index: jax.Array
                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer's attention for T new tokens against its cache: their keys/values are written at slots
-    [index, index + T) first, then the queries score the first W cache slots, W = allowed_bts.shape[-1] (the
-    attended window; `allowed_bts`: valid slots up to each query's own). Returns the output and the updated
-    key and value buffers."""
+    [index, index + T) first, then the queries score the whole cache (`allowed_bts`: valid slots up to each
+    query's own). Returns the output and the updated key and value buffers."""
     dt = x_btd.dtype
     q_btnh = apply_rope(dense(x_btd, p["q_dnh"]), positions_bt, inv_freq)
     k_btkh = apply_rope(dense(x_btd, p["k_dkh"]), positions_bt, inv_freq)
@@ -146,11 +145,10 @@ def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: j
     kv = k_bkhs.shape[1]
     g = n // kv
     q_bkqh = q_btnh.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
-    w = allowed_bts.shape[-1]
-    scores = jnp.einsum("bkqh,bkhs->bkqs", q_bkqh, k_bkhs[..., :w].astype(dt), preferred_element_type=jnp.float32)
+    scores = jnp.einsum("bkqh,bkhs->bkqs", q_bkqh, k_bkhs.astype(dt), preferred_element_type=jnp.float32)
     scores = jnp.where(allowed_bts[:, None, None], scores.reshape(b, kv, g, t, -1) * h ** -0.5, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt).reshape(b, kv, g * t, -1)
-    out_bkqh = jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh[:, :, :w].astype(dt))
+    out_bkqh = jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh.astype(dt))
     out_btnh = out_bkqh.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
     out_btnh = constrain(out_btnh, ("batch", "length", "heads", "head_dim"))
     return dense(out_btnh, p["o_nhd"], contract=2), k_bkhs, v_bksh
@@ -254,12 +252,8 @@ class DecoderStack(nnx.Module):
         return tuple(layers)
 
     def with_cache(self, h_btd: jax.Array, positions_bt: jax.Array, mask_bt: jax.Array, cache: KVCache,
-                   layers: Sequence[dict[str, jax.Array]] | None = None, window: int | None = None
-                   ) -> tuple[jax.Array, KVCache]:
+                   layers: Sequence[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, KVCache]:
         """All layers over T new tokens (`mask_bt`: real ones) appended to `cache` at slots [index, index + T).
-
-        `window` (static; default the whole cache): attention reads only cache slots [0, window), so its cost
-        follows what is filled, not what is reserved; the caller guarantees index + T <= window.
 
         A Python loop over the layers, not a scan, reading `layers` (from `per_layer()`, default: sliced here):
         a decode step reads every weight once, and XLA:CPU materialises every slice of a stacked weight or cache
@@ -270,9 +264,8 @@ class DecoderStack(nnx.Module):
         inv_freq = rope_inv_freq(cfg)
         t = h_btd.shape[1]
         valid_bs = jax.lax.dynamic_update_slice(cache.valid_bs, mask_bt, (0, cache.index))
-        w = cache.length if window is None else min(window, cache.length)
-        visible_ts = jnp.arange(w)[None, :] <= cache.index + jnp.arange(t)[:, None]
-        allowed_bts = valid_bs[:, None, :w] & visible_ts[None]
+        visible_ts = jnp.arange(cache.length)[None, :] <= cache.index + jnp.arange(t)[:, None]
+        allowed_bts = valid_bs[:, None, :] & visible_ts[None]
         keys, values = [], []
         layers = self.per_layer() if layers is None else layers
         for i, p in enumerate(layers):
@@ -302,11 +295,9 @@ class Llama(nnx.Module):
 
     def hidden_states(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
                       attention_mask_bt: jax.Array | None = None, cache: KVCache | None = None,
-                      layers: Sequence[dict[str, jax.Array]] | None = None, window: int | None = None
-                      ) -> tuple[jax.Array, KVCache | None]:
+                      layers: Sequence[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states. With `cache`, tokens are written at slots [index, index + T), reading
-        the per-layer weights `layers` (`self.layers.per_layer()`) when given and attending to the first
-        `window` cache slots (`DecoderStack.with_cache`).
+        the per-layer weights `layers` (`self.layers.per_layer()`) when given.
 
         attention_mask_bt: 1/True for real tokens, 0 for padding (left or right). Without a cache,
         positions default to the count of real tokens before each one (HF's left-padding convention).
@@ -323,7 +314,7 @@ class Llama(nnx.Module):
             allowed_btt = jnp.tril(jnp.ones((t, t), bool))[None] & mask_bt[:, None, :]
             h_btd = self.layers(h_btd, positions_bt, allowed_btt)
         else:
-            h_btd, cache = self.layers.with_cache(h_btd, positions_bt, mask_bt, cache, layers, window)
+            h_btd, cache = self.layers.with_cache(h_btd, positions_bt, mask_bt, cache, layers)
         return rms_norm(h_btd, self.final_norm_d[...], self.config.rms_norm_eps), cache
 
     def logits(self, h_btd: jax.Array) -> jax.Array:
@@ -343,9 +334,8 @@ class Llama(nnx.Module):
 
     def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
                  attention_mask_bt: jax.Array | None = None, cache: KVCache | None = None,
-                 layers: Sequence[dict[str, jax.Array]] | None = None, window: int | None = None
-                 ) -> tuple[jax.Array, KVCache | None]:
-        h_btd, cache = self.hidden_states(tokens_bt, positions_bt, attention_mask_bt, cache, layers, window)
+                 layers: Sequence[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, KVCache | None]:
+        h_btd, cache = self.hidden_states(tokens_bt, positions_bt, attention_mask_bt, cache, layers)
         return self.logits(h_btd), cache
 
 

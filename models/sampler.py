@@ -10,16 +10,18 @@ the KV cache at its own position; the last sampled token of each sequence is not
 turn), so a dialog continued from its cache sees exactly the tokens a fresh prefill of the whole dialog
 would. Padding and the slots of sequences that stopped early are marked invalid and never attended to.
 
-Attended window (what decode costs): a pass attends only to cache slots [0, W), W the next power of two
-(from 128) above the slots filled by the end of the pass, capped at the capacity (`attention_window`); the host
-loop re-enters the jitted decode with the next W when the cache index reaches it. So a dialog that reserves
+Attended window (what decode costs): a pass works on cache slots [0, W) only, W the next power of two
+(from 128) above the slots filled by the end of the pass, capped at the capacity (`attention_window`): the
+jitted prefill/decode copy those slots out once, run on them, and write them back once; the host loop re-enters
+decode with the next W when the cache index reaches it. So a dialog that reserves
 4096 slots for later turns reads ~256 of them while its first answer is short, and the compiled variants stay
 few (one per power of two). Decode runs over per-layer weights sliced once per call and per-layer cache
 buffers updated in place (no stacked-weight or whole-cache copy per step; tests/test_sampler.py counts them in
 the HLO). Batch stays on the data/fsdp mesh axes and KV heads on tensor, so the same code shards on a pod. On
 TPU the pod-scale form of this is a ragged paged-attention kernel (Pallas: per-sequence page tables, each
 sequence reads only its own filled pages, e.g. `jax.experimental.pallas.ops.tpu.paged_attention`): it would
-replace `_cached_attention`'s window slice and einsums, and the per-batch W by per-sequence lengths.
+replace the window copy and `models.llama._cached_attention`'s einsums, and the per-batch W by per-sequence
+lengths.
 
 Log-probabilities: for each sampled token, log_softmax(logits / temperature) over the full vocabulary,
 in fp32, before top-k/top-p truncation (temperature 1 for greedy). This is the quantity a training pass
@@ -217,12 +219,13 @@ def _prefill(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, cache: K
              temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any, window: int
              ) -> SamplerState:
     """Write the (left-padded) new tokens into the cache and sample the first new token of each active
-    sequence; inactive ones keep their pending token and position. Attention reads cache slots [0, window)."""
+    sequence; inactive ones keep their pending token and position. The pass works on cache slots [0, window)."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         positions = start_position_b[:, None] + jnp.maximum(jnp.cumsum(mask_bt, axis=-1) - 1, 0)
-        h_btd, cache = model.hidden_states(tokens_bt, positions, mask_bt, cache, layers, window)
-        cache = _constrain_cache(cache)
+        full = cache
+        h_btd, cache = model.hidden_states(tokens_bt, positions, mask_bt, _window_of(cache, window), layers)
+        cache = _constrain_cache(_put_window(full, cache))
         logits = model.logits(h_btd[:, -1:])[:, 0]
         batch = tokens_bt.shape[0]
         state = SamplerState(
@@ -239,8 +242,10 @@ def _prefill(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, cache: K
 def _decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SamplerState, step_limit: jax.Array,
             key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any, window: int
             ) -> SamplerState:
-    """Feed each live sequence's last token and sample the next, until all are done or `step_limit` steps;
-    attention reads cache slots [0, window) (the caller keeps the cache index below it)."""
+    """Feed each live sequence's last token and sample the next, until all are done or `step_limit` steps.
+    The loop runs on the cache's first `window` slots, copied out once before it and back once after it (the
+    caller keeps the cache index below `window`): a slice of the full buffers inside the loop would make XLA
+    copy every layer's whole buffer on every step."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
 
@@ -249,12 +254,14 @@ def _decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Sa
 
         def body(s: SamplerState) -> SamplerState:
             live = ~s.done_b
-            logits, cache = model(s.last_b[:, None], s.position_b[:, None], live[:, None], s.cache, layers, window)
+            logits, cache = model(s.last_b[:, None], s.position_b[:, None], live[:, None], s.cache, layers)
             token, logprob = _pick(logits[:, 0], jax.random.fold_in(key, s.step + 1), temperature, top_p, static)
             s = s.replace(cache=_constrain_cache(cache), position_b=s.position_b + live, step=s.step + 1)
             return _record(s, token, logprob, static)
 
-        return jax.lax.while_loop(cond, body, state)
+        full = state.cache
+        state = jax.lax.while_loop(cond, body, state.replace(cache=_window_of(full, window)))
+        return state.replace(cache=_constrain_cache(_put_window(full, state.cache)))
 
 
 @functools.partial(jax.jit, donate_argnames=("state",))
@@ -273,6 +280,24 @@ def _truncate(state: SamplerState, cut_b: jax.Array) -> SamplerState:
     position = state.position_b - (state.count_b - new_count) * hit
     return state.replace(cache=cache, last_b=last, position_b=position, count_b=new_count,
                          done_b=state.done_b | hit)
+
+
+def _window_of(cache: KVCache, window: int) -> KVCache:
+    """The first `window` slots of every buffer: the cache a pass works on (one copy of the window per call)."""
+    if window >= cache.length:
+        return cache
+    return KVCache(tuple(k[..., :window] for k in cache.k_bkhs), tuple(v[:, :, :window] for v in cache.v_bksh),
+                   cache.valid_bs[:, :window], cache.index)
+
+
+def _put_window(full: KVCache, window: KVCache) -> KVCache:
+    """`window` written back over the first slots of `full` (in place: the state is donated)."""
+    if window.length == full.length:
+        return window
+    put = jax.lax.dynamic_update_slice
+    return KVCache(tuple(put(f, w, (0, 0, 0, 0)) for f, w in zip(full.k_bkhs, window.k_bkhs)),
+                   tuple(put(f, w, (0, 0, 0, 0)) for f, w in zip(full.v_bksh, window.v_bksh)),
+                   put(full.valid_bs, window.valid_bs, (0, 0)), window.index)
 
 
 def _constrain_cache(cache: KVCache) -> KVCache:

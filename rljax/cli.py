@@ -248,13 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
     mine.add_argument("--context-files", type=int, default=2, help="unchanged files added to each instance")
     mine.add_argument("--all-changes", action="store_true", help="keep changes that do not say they fix something")
     mine.set_defaults(func=_mine)
-    from rljax.demo import DEFAULT_STEPS
+    from rljax.demo import DEFAULT_EVAL_PROBLEMS, DEFAULT_STEPS
 
     demo = sub.add_parser("demo", help="SmolLM2-135M-Instruct learns stdin/stdout problems (RLEF dialogs, GRPO): "
                                        "evaluate on held-out problems, train, evaluate, plot (no download)")
     demo.add_argument("--workdir", default="runs/demo")
     demo.add_argument("--steps", type=int, default=DEFAULT_STEPS)
-    demo.add_argument("--eval-problems", type=int, default=0, help="held-out problems (default: all 48)")
+    demo.add_argument("--eval-problems", type=int, default=DEFAULT_EVAL_PROBLEMS,
+                      help="held-out problems (0: all 48)")
     demo.add_argument("--eval-samples", type=int, default=0, help="dialogs per held-out problem (default: the config's)")
     demo.add_argument("--max-new-tokens", type=int, default=0, help="answer length cap (default: the config's)")
     demo.add_argument("--dialogs-per-step", type=int, default=0,

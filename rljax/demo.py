@@ -17,11 +17,12 @@ from typing import Any
 from ml_collections import ConfigDict
 
 SUMMARY_FILE = "demo_summary.json"
-DEFAULT_STEPS = 8
+DEFAULT_STEPS = 4  # with DEFAULT_EVAL_PROBLEMS: about 15 minutes on 2 cores (too few steps to move 1@3)
+DEFAULT_EVAL_PROBLEMS = 16  # the first 16 held-out problems: every held-out family at least once
 METRIC = "1@3"
 
 
-def demo_config(workdir: str, steps: int, eval_problems: int = 0, max_new_tokens: int = 0,
+def demo_config(workdir: str, steps: int, eval_problems: int = DEFAULT_EVAL_PROBLEMS, max_new_tokens: int = 0,
                 dialogs_per_step: int = 0, eval_samples: int = 0) -> ConfigDict:
     """configs/rlef_smollm2_practice.py for the demo. `eval_problems` (0: all held-out problems),
     `eval_samples` (dialogs per held-out problem), `max_new_tokens` (answers, in training and evaluation) and
@@ -67,7 +68,8 @@ def result_line(before: dict[str, float], after: dict[str, float], diff: dict[st
             f"over {problems} problems")
 
 
-def run_demo(workdir: str = "runs/demo", steps: int = DEFAULT_STEPS, eval_problems: int = 0, progress: bool = True,
+def run_demo(workdir: str = "runs/demo", steps: int = DEFAULT_STEPS, eval_problems: int = DEFAULT_EVAL_PROBLEMS,
+             progress: bool = True,
              config: ConfigDict | None = None, max_new_tokens: int = 0, dialogs_per_step: int = 0,
              eval_samples: int = 0) -> dict[str, Any]:
     """Run the demo; returns (and writes to WORKDIR/demo_summary.json) its summary."""

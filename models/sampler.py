@@ -45,7 +45,8 @@ from models.llama import KVCache, Llama
 from models.sharding import DEFAULT_RULES, Rules, batch_sharding, constrain, host_array, use_mesh
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = "eos", "stop", "length"
-_KEY_AXES, _VALUE_AXES = ("batch", "kv_heads", "head_dim", "cache_length"), ("batch", "kv_heads", "cache_length", "head_dim")
+_KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_length")  # KVCache.k_bkhs
+_VALUE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")  # KVCache.v_bksh
 _CANDIDATES = 256  # top-p is searched among this many most likely tokens first
 
 
@@ -423,8 +424,9 @@ class Sampler:
         graphdef, params = nnx.split(self.model)
         return graphdef, params, _per_layer(graphdef, params)
 
-    def _prefill(self, weights: _Weights, cache: KVCache, segments: list[list[int]], width: int, start_positions: np.ndarray,
-                 active: list[bool], last: np.ndarray, sampling: SamplingParams, key: jax.Array) -> SamplerState:
+    def _prefill(self, weights: _Weights, cache: KVCache, segments: list[list[int]], width: int,
+                 start_positions: np.ndarray, active: list[bool], last: np.ndarray, sampling: SamplingParams,
+                 key: jax.Array) -> SamplerState:
         batch = len(segments)
         tokens = np.full((batch, width), self.pad_id, np.int32)
         mask = np.zeros((batch, width), bool)

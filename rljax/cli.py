@@ -256,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     demo.add_argument("--eval-problems", type=int, default=DEFAULT_EVAL_PROBLEMS,
                       help="held-out problems (0: all 48)")
-    demo.add_argument("--eval-samples", type=int, default=0, help="dialogs per held-out problem (default: the config's)")
+    demo.add_argument("--eval-samples", type=int, default=0,
+                      help="dialogs per held-out problem (default: the config's)")
     demo.add_argument("--max-new-tokens", type=int, default=0, help="answer length cap (default: the config's)")
     demo.add_argument("--dialogs-per-step", type=int, default=0,
                       help="answers per step, in groups of up to G (default: the config's problems x G)")

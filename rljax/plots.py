@@ -1,7 +1,8 @@
 """PNG plots of a run: what a researcher looks at first (`rljax plot WORKDIR`).
 
 From WORKDIR/metrics.jsonl: reward and solve rate over steps, solve rate by turn, KL to the reference and
-entropy, the shares of answers without code and of answers cut at the token budget, answer length. From WORKDIR/eval/*.json (evaluation reports): the turn-count histogram of the dialogs and the eval
+entropy, the shares of answers without code and of answers cut at the token budget, answer length. From
+WORKDIR/eval/*.json (evaluation reports): the turn-count histogram of the dialogs and the eval
 estimates with their 95% intervals, one bar group per report.
 """
 from __future__ import annotations

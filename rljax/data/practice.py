@@ -149,7 +149,8 @@ def _count_letter(rng: random.Random) -> Variant:
                    lambda r: " ".join(_word(r) for _ in range(r.randint(1, 3))) + "\n")
 
 
-STRING_MAPS = {"uppercase": ("in uppercase", ".upper()", str.upper), "lowercase": ("in lowercase", ".lower()", str.lower),
+STRING_MAPS = {"uppercase": ("in uppercase", ".upper()", str.upper),
+               "lowercase": ("in lowercase", ".lower()", str.lower),
                "reversed": ("reversed", "[::-1]", lambda s: s[::-1]),
                "swapped case": ("with the case of every letter swapped", ".swapcase()", str.swapcase)}
 
@@ -493,12 +494,12 @@ def verify(rows: list[dict[str, Any]]) -> list[str]:
     """Run every row's reference solution on all its tests through the sandboxed executor (a pool over the
     cores); returns the names of the rows whose solution fails any test (empty when all pass)."""
     from executor.pool import ExecutorPool
-    from executor.testing import Limits, Test, run_tests
+    from executor.testing import Test, limits_for_problem, run_tests
 
     def failed(row: dict[str, Any]) -> bool:
         tests = [Test(i, o) for part in ("public_tests", "private_tests")
                  for i, o in zip(row[part]["input"], row[part]["output"])]
-        return not all(r.passed for r in run_tests(row["solutions"]["solution"][0], tests, Limits(2.0, 256)))
+        return not all(r.passed for r in run_tests(row["solutions"]["solution"][0], tests, limits_for_problem(row)))
 
     with ExecutorPool() as pool:
         outcomes = pool.run_many(failed, rows)

@@ -75,3 +75,19 @@ def spread_over_turns(per_turn_bt: np.ndarray, turn_of_token_bt: np.ndarray) -> 
     """[B, L]: each token gets the value of its turn (0 where turn_of_token is -1)."""
     index = np.clip(turn_of_token_bt, 0, None)
     return np.where(turn_of_token_bt >= 0, np.take_along_axis(per_turn_bt, index, axis=1), 0.0).astype(np.float32)
+
+
+def informative_first(informative_b: np.ndarray, num_micro: int) -> np.ndarray:
+    """A row order (indices into the batch) that packs the informative rows into the first micro-batches.
+
+    Micro-batch i holds rows i, i+m, i+2m, ... (`rljax.learner`); row k of the returned order is the batch
+    row placed at position k, so informative rows fill micro-batch 0, then 1, ... and the all-zero rows fill
+    the rest, each group in its original order."""
+    b = len(informative_b)
+    if b % num_micro:
+        raise ValueError(f"batch of {b} does not split into {num_micro} micro-batches")
+    slots = np.arange(b).reshape(b // num_micro, num_micro).T.reshape(-1)  # positions, micro-batch by micro-batch
+    rows = np.concatenate([np.flatnonzero(informative_b), np.flatnonzero(~np.asarray(informative_b, bool))])
+    order = np.empty(b, np.int64)
+    order[slots] = rows
+    return order

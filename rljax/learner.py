@@ -4,6 +4,13 @@ update each for the policy and the value model, with micro-batch gradient accumu
 Models are split once into (graphdef, params); params and optimizer state live in a `TrainState` pytree
 that the update donates. Batches are dicts of [B, ...] arrays placed with the batch sharding; micro-batch i
 takes rows i, i+m, i+2m, ... so that every device keeps an equal share of each micro-batch.
+
+Two exact savings for sparse, on-policy signal (a weak model that solves few problems):
+- a policy batch without `old_logp` is scored on-policy: old_logp = stop_gradient(logp), so the ratio is 1
+  and no separate scoring pass is needed (one update per rollout, no reference policy);
+- when the loss has no term besides the advantage-weighted ratio (no entropy bonus, no KL in the loss), a
+  micro-batch whose advantages are all 0 has loss and gradient exactly 0: `lax.cond` skips its forward and
+  backward (`rljax.batching.informative_first` packs the informative rows into the first micro-batches).
 """
 from __future__ import annotations
 
@@ -182,16 +189,27 @@ class Learner:
         logp, entropy = token_logprobs(nnx.merge(self.policy_graphdef, params), mb, cfg.temperature, cfg.vocab_chunk)
         if not cfg.entropy_coef:  # a diagnostic only: no gradient through it
             entropy = jax.lax.stop_gradient(entropy)
+        old_logp = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)  # on-policy: ratio 1
         if cfg.algorithm == "ppo":
-            loss, diag = clipped_policy_loss(logp, mb["old_logp"], mb["advantages"], mb["sampled"], cfg.clip_eps,
+            loss, diag = clipped_policy_loss(logp, old_logp, mb["advantages"], mb["sampled"], cfg.clip_eps,
                                              weights_bt=mb["weights"])
         else:
-            loss, diag = grpo_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["sampled"],
+            loss, diag = grpo_loss(logp, old_logp, mb.get("ref_logp", old_logp), mb["advantages"], mb["sampled"],
                                    cfg.clip_eps, cfg.kl_coef, cfg.kl_estimator, cfg.kl_in_loss,
                                    weights_bt=mb["weights"])
         entropy_term = jnp.sum(entropy * mb["weights"])
         total = loss - cfg.entropy_coef * entropy_term
-        return total, {"policy_loss": loss, "entropy": entropy_term, **diag}
+        sampled = mb["sampled"]
+        extra = {"entropy_tokens": jnp.sum(jax.lax.stop_gradient(entropy) * sampled), "tokens": jnp.sum(sampled)}
+        if "sampler_logp" in mb:  # how far the sampler's logprobs are from the trainer's (numerics, stale weights)
+            extra["max_sampler_logprob_diff"] = jnp.max(jnp.abs(jax.lax.stop_gradient(logp) - mb["sampler_logp"])
+                                                        * sampled)
+        return total, {"policy_loss": loss, "entropy": entropy_term, **diag, **extra}
+
+    @property
+    def skips_zero_advantage(self) -> bool:
+        """Whether a micro-batch with all-zero advantages has exactly zero loss (and is skipped)."""
+        return not self.loss.entropy_coef and not (self.loss.kl_in_loss and self.loss.kl_coef)
 
     def _value_loss(self, params: Any, mb: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
         values = turn_values(nnx.merge(self.value_graphdef, params), mb)
@@ -200,7 +218,8 @@ class Learner:
         return loss, {"value_loss": loss}
 
     def _update_policy_impl(self, state: TrainState, batch: dict[str, jax.Array]):
-        return _accumulate_and_apply(self._policy_loss, self.policy_tx, state, batch, self.num_micro)
+        skip_key = "advantages" if self.skips_zero_advantage else None
+        return _accumulate_and_apply(self._policy_loss, self.policy_tx, state, batch, self.num_micro, skip_key)
 
     def _update_value_impl(self, state: TrainState, batch: dict[str, jax.Array]):
         return _accumulate_and_apply(self._value_loss, self.value_tx, state, batch, self.num_micro)
@@ -212,30 +231,43 @@ def _unmicro(x: jax.Array) -> jax.Array:
 
 
 def _accumulate_and_apply(loss_fn: Callable, tx: optax.GradientTransformation, state: TrainState,
-                          batch: dict[str, jax.Array], num_micro: int) -> tuple[TrainState, dict[str, jax.Array]]:
+                          batch: dict[str, jax.Array], num_micro: int, skip_if_zero: str | None = None
+                          ) -> tuple[TrainState, dict[str, jax.Array]]:
     """Sum the loss and gradients over micro-batches (the loss weights are global, so the sums are the full
-    batch's), then one optimizer step. Diagnostics that are per-micro-batch means are averaged."""
+    batch's), then one optimizer step. With `skip_if_zero`, a micro-batch whose `batch[skip_if_zero]` is all
+    zero is not computed (the caller guarantees its loss is exactly 0 then). Per-micro-batch means among the
+    diagnostics are averaged over the micro-batches computed; `max_*` diagnostics take the maximum."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     micro = _micro(batch, num_micro)
-
-    def body(carry, mb):
-        (loss, aux), grads = grad_fn(state.params, mb)
-        acc_loss, acc_aux, acc_grads = carry
-        return (acc_loss + loss, jax.tree.map(jnp.add, acc_aux, aux), jax.tree.map(jnp.add, acc_grads, grads)), None
-
     first = jax.tree.map(lambda x: x[0], micro)
+    aux_shape = jax.eval_shape(lambda: grad_fn(state.params, first)[0][1])
+    nothing = (jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_shape),
+               jax.tree.map(jnp.zeros_like, state.params))
+
+    def one(mb):
+        def compute(mb):
+            (loss, aux), grads = grad_fn(state.params, mb)
+            return loss, aux, grads
+        if skip_if_zero is None:
+            return compute(mb), jnp.ones(())
+        run = jnp.any(mb[skip_if_zero] != 0)
+        return jax.lax.cond(run, compute, lambda _: nothing, mb), run.astype(jnp.float32)
+
     if num_micro == 1:  # no accumulation buffers: they would cost two extra passes over every parameter
-        (loss, aux), grads = grad_fn(state.params, first)
+        (loss, aux, grads), computed = one(first)
     else:
-        aux_shape = jax.eval_shape(lambda: grad_fn(state.params, first)[0][1])
-        zeros = (jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_shape),
-                 jax.tree.map(jnp.zeros_like, state.params))
-        (loss, aux, grads), _ = jax.lax.scan(body, zeros, micro)
+        def body(carry, mb):
+            (loss, aux, grads), ran = one(mb)
+            acc_loss, acc_aux, acc_grads, acc_ran = carry
+            acc_aux = {k: jnp.maximum(acc_aux[k], v) if k.startswith("max_") else acc_aux[k] + v
+                       for k, v in aux.items()}
+            return (acc_loss + loss, acc_aux, jax.tree.map(jnp.add, acc_grads, grads), acc_ran + ran), None
+
+        (loss, aux, grads, computed), _ = jax.lax.scan(body, nothing + (jnp.zeros(()),), micro)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {k: v / num_micro for k, v in aux.items()}
-    for summed in ("policy_loss", "value_loss", "entropy"):  # weighted sums already add up over micro-batches
-        if summed in aux:
-            metrics[summed] = aux[summed]
-    metrics.update(loss=loss, grad_norm=optax.tree.norm(grads))
+    summed = ("policy_loss", "value_loss", "entropy", "entropy_tokens", "tokens")  # weighted sums add up
+    metrics = {k: v if k in summed or k.startswith("max_") else v / jnp.maximum(computed, 1.0)
+               for k, v in aux.items()}
+    metrics.update(loss=loss, grad_norm=optax.tree.norm(grads), micro_batches_computed=computed)
     return TrainState(state.step + 1, params, opt_state), metrics

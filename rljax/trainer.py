@@ -139,19 +139,26 @@ class Trainer:
     def _learn(self, trajectories: list[Trajectory]) -> dict[str, Any]:
         cfg, algo = self.config, self.config.algo
         arrays = batching.build_batch(trajectories, self.env.max_turns, cfg.train.seq_bucket, self.pad_id)
-        placed = self._place(arrays)
-        old_logp, entropy = (host_array(x) for x in self.learner.score(self.learner.policy_state.params, placed))
         sampled = arrays["sampled"]
-        # KL weighted 0: no reference pass; the loss and the shaping see zero KL and it is not logged
-        ref_logp = old_logp if self.ref_params is None else host_array(self.learner.score(self.ref_params, placed)[0])
-        kl_tok = (old_logp - ref_logp) * sampled
-        metrics: dict[str, Any] = {
-            "entropy/sampled": float((entropy * sampled).sum() / max(sampled.sum(), 1.0)),
-            "policy/sampler_logprob_max_diff": float(np.max(np.abs(old_logp - arrays["sampler_logp"]) * sampled))}
-        if self.ref_params is not None:
-            metrics["kl/ref_per_token"] = float(kl_tok.sum() / max(sampled.sum(), 1.0))
-        extra: dict[str, np.ndarray] = {"old_logp": old_logp, "ref_logp": ref_logp,
-                                        "weights": batching.aggregation_weights(sampled, algo.aggregation)}
+        extra: dict[str, np.ndarray] = {"weights": batching.aggregation_weights(sampled, algo.aggregation)}
+        metrics: dict[str, Any] = {}
+        # one update per rollout and no reference policy: the update scores the batch itself (ratio 1, see
+        # rljax.learner), so there is no scoring pass; the shaping and the loss see zero KL
+        on_policy = algo.epochs == 1 and self.ref_params is None
+        placed = self._place(arrays) if algo.name == "ppo" or not on_policy else {}
+        if on_policy:
+            kl_tok = np.zeros_like(sampled)
+        else:
+            old_logp, entropy = (host_array(x) for x in self.learner.score(self.learner.policy_state.params, placed))
+            ref_logp = old_logp if self.ref_params is None else host_array(self.learner.score(self.ref_params,
+                                                                                                placed)[0])
+            kl_tok = (old_logp - ref_logp) * sampled
+            metrics["entropy/sampled"] = float((entropy * sampled).sum() / max(sampled.sum(), 1.0))
+            metrics["policy/sampler_logprob_max_diff"] = float(np.max(np.abs(old_logp - arrays["sampler_logp"])
+                                                                      * sampled))
+            extra.update(old_logp=old_logp, ref_logp=ref_logp)
+            if self.ref_params is not None:
+                metrics["kl/ref_per_token"] = float(kl_tok.sum() / max(sampled.sum(), 1.0))
         if algo.name == "ppo":
             old_values = host_array(self.learner.values(placed))
             kl_turn = batching.per_turn_sums(kl_tok, arrays["turn_of_token"], sampled, self.env.max_turns)
@@ -172,12 +179,22 @@ class Trainer:
             group_adv = adv.group_advantages(rewards, cfg.rollout.samples_per_problem, algo.group_eps,
                                              algo.scale_by_std)
             extra["advantages"] = (group_adv[:, None] * sampled).astype(np.float32)
-        batch = {**placed, **self._place({k: np.asarray(v, np.float32) for k, v in extra.items()})}
+        rows = {**arrays, **{k: np.asarray(v, np.float32) for k, v in extra.items()}}
+        if self.learner.skips_zero_advantage and cfg.train.micro_batches > 1:  # all-zero micro-batches are skipped
+            order = batching.informative_first(np.any(rows["advantages"] != 0, axis=1), cfg.train.micro_batches)
+            rows = {k: v[order] for k, v in rows.items()}
+        batch = self._place(rows)
         for _ in range(algo.epochs):
             policy_metrics = self.learner.update_policy(batch)
             if algo.name == "ppo":
                 policy_metrics.update(self.learner.update_value(batch))
-        metrics.update({f"train/{k}": float(v) for k, v in policy_metrics.items()})
+        trained = {k: float(v) for k, v in policy_metrics.items()}
+        entropy_tokens, tokens = trained.pop("entropy_tokens"), trained.pop("tokens")
+        diff = trained.pop("max_sampler_logprob_diff", None)
+        if on_policy and tokens:  # measured by the update, over the rows it computed
+            metrics["entropy/sampled"] = entropy_tokens / tokens
+            metrics["policy/sampler_logprob_max_diff"] = diff
+        metrics.update({f"train/{k}": v for k, v in trained.items()})
         return metrics
 
     # ---- the run -------------------------------------------------------------------------------------------------

@@ -115,6 +115,44 @@ def test_micro_batches_give_the_full_batch_update(algorithm):
         assert np.isclose(float(results[0][0]["policy_loss"]), float(reference), atol=1e-6)
 
 
+def test_informative_first_fills_the_first_micro_batches():
+    informative = np.array([0, 1, 0, 0, 1, 0, 1, 0], bool)
+    order = batching.informative_first(informative, 4)
+    assert sorted(order.tolist()) == list(range(8))
+    micro = [order[i::4].tolist() for i in range(4)]  # micro-batch i = positions i, i+4 (rljax.learner._micro)
+    assert micro == [[1, 4], [6, 0], [2, 3], [5, 7]]
+    with pytest.raises(ValueError, match="does not split into 3 micro-batches"):
+        batching.informative_first(informative, 3)
+
+
+def test_on_policy_update_skips_zero_advantage_micro_batches_exactly():
+    """No old_logp (ratio 1 at the current weights) and all-zero micro-batches skipped give the same update as
+    scoring first and computing every micro-batch; only the informative micro-batch is computed."""
+    cfg = LlamaConfig.preset("tiny", vocab_size=64)
+    batch = synthetic_batch(8, 20, 64)
+    batch["advantages"][np.arange(8) % 4 != 1] = 0.0  # only micro-batch 1 (rows 1 and 5) carries signal
+    batch["sampler_logp"] = np.full_like(batch["old_logp"], -1.0)
+    scorer = Learner(Llama(cfg, rngs=nnx.Rngs(0)), LossConfig("grpo"), OptimConfig(1e-3, 0), 4)
+    old_logp, _ = scorer.score(scorer.policy_state.params, {k: jax.numpy.asarray(v) for k, v in batch.items()})
+    scored = {**batch, "old_logp": np.asarray(old_logp), "ref_logp": np.asarray(old_logp)}
+    on_policy = {k: v for k, v in batch.items() if k not in ("old_logp", "ref_logp")}
+    results = []
+    for rows, micro, entropy_coef in ((scored, 1, 0.0), (on_policy, 4, 0.0), (on_policy, 4, 1e-9)):
+        learner = Learner(Llama(cfg, rngs=nnx.Rngs(0)), LossConfig("grpo", entropy_coef=entropy_coef),
+                          OptimConfig(1e-3, 0), micro)
+        metrics = learner.update_policy({k: jax.numpy.asarray(v) for k, v in rows.items()})
+        results.append((metrics, [np.asarray(x) for x in jax.tree.leaves(learner.policy_state.params)]))
+    (full, full_params), (skipped, skipped_params), (every, _) = results
+    assert float(skipped["micro_batches_computed"]) == 1.0  # the three all-zero micro-batches were not computed
+    assert float(every["micro_batches_computed"]) == 4.0  # an entropy bonus makes every row count
+    assert np.isclose(float(skipped["loss"]), float(full["loss"]), atol=1e-7)
+    assert max(np.max(np.abs(a - b)) for a, b in zip(skipped_params, full_params)) < 1e-6
+    assert float(skipped["grad_norm"]) > 0
+    sampled = batch["sampled"][[1, 5]]
+    expected = np.max(np.abs(np.asarray(old_logp)[[1, 5]] + 1.0) * sampled)
+    assert np.isclose(float(skipped["max_sampler_logprob_diff"]), expected, atol=1e-5)
+
+
 def test_sharded_train_step_matches_one_device():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
                PYTHONPATH=str(REPO))

@@ -17,6 +17,7 @@ from flax import nnx
 
 from models.config import LlamaConfig
 from models.logprobs import token_logprobs_and_entropy
+from models.lora import merged_delta
 from models.sharding import constrain
 
 _MASKED = -1e30  # finite, so a query with no visible key (left padding) gives a uniform row, not NaN
@@ -117,16 +118,27 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1, out_dtype: Any = None) 
     return out.reshape(*lead, *w.shape[contract:])
 
 
-def _attention(cfg: LlamaConfig, x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array,
+def project(x: jax.Array, p: dict[str, Any], name: str, contract: int = 1) -> jax.Array:
+    """x times the layer weight `name`, plus its LoRA path (x A) B when `p["lora"]` has one (B pre-scaled by
+    alpha / r; see models/lora.py)."""
+    y = dense(x, p[name], contract)
+    adapter = p.get("lora", {}).get(name)
+    if adapter is not None:
+        a, b = adapter
+        y = y + dense(dense(x, a, contract), b)
+    return y
+
+
+def _attention(cfg: LlamaConfig, x_btd: jax.Array, p: dict[str, Any], positions_bt: jax.Array,
                allowed_btt: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     """Causal self-attention of one layer over the T tokens themselves (no cache: training, scoring)."""
-    q_btnh = apply_rope(dense(x_btd, p["q_dnh"]), positions_bt, inv_freq)
-    k_btkh = apply_rope(dense(x_btd, p["k_dkh"]), positions_bt, inv_freq)
-    v_btkh = dense(x_btd, p["v_dkh"])
+    q_btnh = apply_rope(project(x_btd, p, "q_dnh"), positions_bt, inv_freq)
+    k_btkh = apply_rope(project(x_btd, p, "k_dkh"), positions_bt, inv_freq)
+    v_btkh = project(x_btd, p, "v_dkh")
     blocks = query_block_count(cfg, q_btnh.shape[1])
     out_btnh = constrain(_blocked_self_attention(q_btnh, k_btkh, v_btkh, allowed_btt, blocks),
                          ("batch", "length", "heads", "head_dim"))
-    return dense(out_btnh, p["o_nhd"], contract=2)
+    return project(out_btnh, p, "o_nhd", contract=2)
 
 
 def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array, allowed_bts: jax.Array,
@@ -199,13 +211,13 @@ def _dense_output_major(x_btd: jax.Array, w_fd: jax.Array) -> jax.Array:
     return out.reshape(*x_btd.shape[:-1], w_fd.shape[0])
 
 
-def _mlp(x_btd: jax.Array, p: dict[str, jax.Array]) -> jax.Array:
+def _mlp(x_btd: jax.Array, p: dict[str, Any]) -> jax.Array:
     if "gate_fd" in p:  # DecoderStack.per_layer's output-major copies
         gate, up = _dense_output_major(x_btd, p["gate_fd"]), _dense_output_major(x_btd, p["up_fd"])
     else:
-        gate, up = dense(x_btd, p["gate_df"]), dense(x_btd, p["up_df"])
+        gate, up = project(x_btd, p, "gate_df"), project(x_btd, p, "up_df")
     act = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
-    return dense(act, p["down_fd"])
+    return project(act, p, "down_fd")
 
 
 class DecoderStack(nnx.Module):
@@ -226,7 +238,9 @@ class DecoderStack(nnx.Module):
         """All layers over T tokens without a cache, as one `lax.scan` (with the configured remat)."""
         cfg = self.config
         inv_freq = rope_inv_freq(cfg)
-        params = {name: getattr(self, name)[...] for name in LAYER_PARAMS}
+        params: dict[str, Any] = {name: getattr(self, name)[...] for name in LAYER_PARAMS}
+        if getattr(self, "lora", None) is not None:
+            params["lora"] = self.lora.stacked(scaled=True)
 
         def layer(h, p):
             h = h + _attention(cfg, rms_norm(h, p["attn_norm_d"], cfg.rms_norm_eps), p, positions_bt, allowed_btt,
@@ -242,11 +256,16 @@ class DecoderStack(nnx.Module):
         return h_btd
 
     def per_layer(self) -> tuple[dict[str, jax.Array], ...]:
-        """Each layer's weights as separate arrays (a copy of the stacks), for `with_cache`. The MLP's gate and
-        up come output-major ([F, D]): XLA:CPU's matmul of a few decode rows reads them ~12% faster that way."""
+        """Each layer's weights as separate arrays (a copy of the stacks), for `with_cache`, with LoRA adapters
+        merged in (W + alpha / r * A B). The MLP's gate and up come output-major ([F, D]): XLA:CPU's matmul of a
+        few decode rows reads them ~12% faster that way."""
+        adapters = {} if getattr(self, "lora", None) is None else self.lora.stacked()
+        scale = self.lora.config.scale if adapters else 1.0
         layers = []
         for i in range(self.config.num_layers):
             p = {name: getattr(self, name)[i] for name in LAYER_PARAMS}
+            for name, (a, b) in adapters.items():
+                p[name] = p[name] + merged_delta(a[i], b[i], scale)
             p["gate_fd"], p["up_fd"] = p.pop("gate_df").T, p.pop("up_df").T
             layers.append(p)
         return tuple(layers)

@@ -32,6 +32,7 @@ DEFAULT_RULES: Rules = (
     ("mlp", "tensor"),
     ("norm", None),
     ("act_embed", None),
+    ("lora_rank", None),
 )
 
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar("rljax_mesh", default=None)

@@ -7,6 +7,7 @@ only finished saves are ever restored, so a run killed mid-save resumes from the
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import jax
 import orbax.checkpoint as ocp
 
 CHECKPOINT_DIR = "checkpoints"
+log = logging.getLogger("rljax.checkpointing")
 
 
 class ResumeError(ValueError):
@@ -64,6 +66,15 @@ class TrainCheckpointer:
             leaves = [restored[name][k] for k in sorted(restored[name])]
             out[name] = jax.tree.unflatten(jax.tree.structure(state), leaves)
         return out, dict(restored["meta"])
+
+    def read_meta(self, step: int) -> dict[str, Any]:
+        """The JSON record saved at `step` (no arrays are read)."""
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        except Exception as err:  # a damaged record: the full restore reports it
+            log.debug("meta of step %d unreadable: %s", step, err)
+            return {}
+        return dict(restored["meta"])
 
     def wait(self) -> None:
         self.manager.wait_until_finished()

@@ -15,6 +15,7 @@ Two exact savings for sparse, on-policy signal (a weak model that solves few pro
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.struct
@@ -25,11 +26,13 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from models.llama import Llama, LlamaValueModel
+from models.lora import LoraParam
 from models.sharding import constrain
 from rljax.grpo import KL_ESTIMATORS, grpo_loss
 from rljax.ppo import clipped_policy_loss, clipped_value_loss
 
 ALGORITHMS = ("ppo", "grpo")
+OPTIMIZERS = ("adamw", "sgd")
 
 
 @flax.struct.dataclass
@@ -48,6 +51,11 @@ class OptimConfig:
     b2: float = 0.95
     eps: float = 1e-8
     max_grad_norm: float = 1.0
+    optimizer: str = "adamw"  # adamw | sgd (plain gradient steps: updates proportional to the gradient)
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer {self.optimizer!r}: expected one of {OPTIMIZERS}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,10 +81,19 @@ class LossConfig:
             raise ValueError(f"temperature must be > 0 for training logprobs, got {self.temperature}")
 
 
+def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:
+    """lr * min(step + 1, warmup) / warmup for update `step` = 0, 1, ...: the first update already moves (no
+    update at rate 0), the rate is full from update `warmup` - 1 on; warmup 0 is a constant rate."""
+    warmup = max(cfg.warmup_steps, 1)
+    return lambda step: cfg.learning_rate * jnp.minimum(step + 1, warmup) / warmup
+
+
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, then AdamW with linear warm-up to a constant rate; no decay on norms and biases."""
-    schedule = optax.join_schedules([optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1)),
-                                     optax.constant_schedule(cfg.learning_rate)], [max(cfg.warmup_steps, 1)])
+    """Global-norm clipping, then AdamW with linear warm-up to a constant rate and no decay on norms and biases
+    (or plain SGD on the same schedule)."""
+    schedule = learning_rate_schedule(cfg)
+    if cfg.optimizer == "sgd":
+        return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.sgd(schedule))
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
     return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm),
                        optax.adamw(schedule, cfg.b1, cfg.b2, cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask))
@@ -124,22 +141,35 @@ def _init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
                         state)
 
 
+def split_trainable(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+    """(graphdef, frozen, trainable): without LoRA everything trains (frozen is empty); with LoRA adapters
+    (models/lora.py) the base weights are frozen and the adapters, plus a value model's head, train."""
+    if not jax.tree.leaves(nnx.state(model, LoraParam)):
+        return nnx.split(model, nnx.Nothing, ...)
+    base = nnx.All(nnx.Not(LoraParam), nnx.PathContains("backbone")) if isinstance(model, LlamaValueModel) \
+        else nnx.Not(LoraParam)
+    return nnx.split(model, base, ...)
+
+
 class Learner:
-    """Jitted scoring and updates for one policy (and, for PPO, one value model)."""
+    """Jitted scoring and updates for one policy (and, for PPO, one value model). Only the trainable part of each
+    model (`split_trainable`) has optimizer state and is donated; the frozen part is an argument of every call,
+    shared, never copied."""
 
     def __init__(self, policy: Llama, loss: LossConfig, optim: OptimConfig, num_micro: int = 1,
                  value_model: LlamaValueModel | None = None, value_optim: OptimConfig | None = None):
         self.loss = loss
         self.num_micro = num_micro
-        self.policy_graphdef, params = nnx.split(policy)
+        self.policy_graphdef, self.policy_frozen, params = split_trainable(policy)
         self.policy_tx = make_optimizer(optim)
         self.policy_state = _init_state(params, self.policy_tx)
         self.value_graphdef = None
+        self.value_frozen = None
         self.value_state = None
         if loss.algorithm == "ppo":
             if value_model is None:
                 raise ValueError("Learner: PPO needs a value model")
-            self.value_graphdef, vparams = nnx.split(value_model)
+            self.value_graphdef, self.value_frozen, vparams = split_trainable(value_model)
             self.value_tx = make_optimizer(value_optim or optim)
             self.value_state = _init_state(vparams, self.value_tx)
         self._score = jax.jit(self._score_impl)
@@ -149,44 +179,53 @@ class Learner:
 
     # ---- public ------------------------------------------------------------------------------------------------
     def policy_model(self) -> Llama:
-        return nnx.merge(self.policy_graphdef, self.policy_state.params)
+        return nnx.merge(self.policy_graphdef, self.policy_frozen, self.policy_state.params)
+
+    def reference_params(self) -> Any:
+        """Trainable params of the reference policy for KL, at the current weights: a copy of the weights, or
+        with LoRA zero adapters (the base model exactly, no copy of the base)."""
+        if jax.tree.leaves(self.policy_frozen):
+            return jax.tree.map(jnp.zeros_like, self.policy_state.params)
+        return jax.tree.map(jnp.copy, self.policy_state.params)
 
     def score(self, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """(logprobs, entropy) [B, L] of the batch's tokens under `params` (the policy's or the reference's)."""
-        return self._score(params, batch)
+        return self._score(params, self.policy_frozen, batch)
 
     def values(self, batch: dict[str, jax.Array]) -> jax.Array:
-        return self._values(self.value_state.params, batch)
+        return self._values(self.value_state.params, self.value_frozen, batch)
 
     def update_policy(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        self.policy_state, metrics = self._update_policy(self.policy_state, batch)
+        self.policy_state, metrics = self._update_policy(self.policy_state, self.policy_frozen, batch)
         return metrics
 
     def compiled_update(self, batch: dict[str, Any]) -> Any:
         """The policy update compiled for `batch`'s shapes (arrays or ShapeDtypeStructs), e.g. for its
         memory analysis; works on a Learner built over an abstract (`nnx.eval_shape`) model."""
-        return self._update_policy.lower(self.policy_state, batch).compile()
+        return self._update_policy.lower(self.policy_state, self.policy_frozen, batch).compile()
 
     def update_value(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        self.value_state, metrics = self._update_value(self.value_state, batch)
+        self.value_state, metrics = self._update_value(self.value_state, self.value_frozen, batch)
         return metrics
 
     # ---- jitted bodies -----------------------------------------------------------------------------------------
-    def _score_impl(self, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        model = nnx.merge(self.policy_graphdef, params)
+    def _score_impl(self, params: Any, frozen: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        model = nnx.merge(self.policy_graphdef, frozen, params)
         micro = _micro({k: batch[k] for k in ("tokens", "positions", "valid")}, self.num_micro)
         logp, entropy = jax.lax.map(lambda mb: token_logprobs(model, mb, self.loss.temperature,
                                                                  self.loss.vocab_chunk), micro)
         return _unmicro(logp), _unmicro(entropy)
 
-    def _values_impl(self, params: Any, batch: dict[str, jax.Array]) -> jax.Array:
-        model = nnx.merge(self.value_graphdef, params)
+    def _values_impl(self, params: Any, frozen: Any, batch: dict[str, jax.Array]) -> jax.Array:
+        model = nnx.merge(self.value_graphdef, frozen, params)
         micro = _micro({k: batch[k] for k in ("tokens", "positions", "valid", "value_index")}, self.num_micro)
         return _unmicro(jax.lax.map(lambda mb: turn_values(model, mb), micro))
 
-    def _policy_loss(self, params: Any, mb: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def _policy_loss(self, params: Any, frozen: Any, mb: dict[str, jax.Array]
+                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         cfg = self.loss
-        logp, entropy = token_logprobs(nnx.merge(self.policy_graphdef, params), mb, cfg.temperature, cfg.vocab_chunk)
+        model = nnx.merge(self.policy_graphdef, frozen, params)
+        logp, entropy = token_logprobs(model, mb, cfg.temperature, cfg.vocab_chunk)
         if not cfg.entropy_coef:  # a diagnostic only: no gradient through it
             entropy = jax.lax.stop_gradient(entropy)
         old_logp = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)  # on-policy: ratio 1
@@ -211,18 +250,21 @@ class Learner:
         """Whether a micro-batch with all-zero advantages has exactly zero loss (and is skipped)."""
         return not self.loss.entropy_coef and not (self.loss.kl_in_loss and self.loss.kl_coef)
 
-    def _value_loss(self, params: Any, mb: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
-        values = turn_values(nnx.merge(self.value_graphdef, params), mb)
+    def _value_loss(self, params: Any, frozen: Any, mb: dict[str, jax.Array]
+                    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        values = turn_values(nnx.merge(self.value_graphdef, frozen, params), mb)
         loss = clipped_value_loss(values, mb["old_values"], mb["returns"], mb["turn_mask"], self.loss.value_clip,
                                   weights=mb["turn_weights"])
         return loss, {"value_loss": loss}
 
-    def _update_policy_impl(self, state: TrainState, batch: dict[str, jax.Array]):
+    def _update_policy_impl(self, state: TrainState, frozen: Any, batch: dict[str, jax.Array]):
         skip_key = "advantages" if self.skips_zero_advantage else None
-        return _accumulate_and_apply(self._policy_loss, self.policy_tx, state, batch, self.num_micro, skip_key)
+        return _accumulate_and_apply(functools.partial(self._policy_loss, frozen=frozen), self.policy_tx, state,
+                                     batch, self.num_micro, skip_key)
 
-    def _update_value_impl(self, state: TrainState, batch: dict[str, jax.Array]):
-        return _accumulate_and_apply(self._value_loss, self.value_tx, state, batch, self.num_micro)
+    def _update_value_impl(self, state: TrainState, frozen: Any, batch: dict[str, jax.Array]):
+        return _accumulate_and_apply(functools.partial(self._value_loss, frozen=frozen), self.value_tx, state,
+                                     batch, self.num_micro)
 
 
 def _unmicro(x: jax.Array) -> jax.Array:
@@ -237,7 +279,7 @@ def _accumulate_and_apply(loss_fn: Callable, tx: optax.GradientTransformation, s
     batch's), then one optimizer step. With `skip_if_zero`, a micro-batch whose `batch[skip_if_zero]` is all
     zero is not computed (the caller guarantees its loss is exactly 0 then). Per-micro-batch means among the
     diagnostics are averaged over the micro-batches computed; `max_*` diagnostics take the maximum."""
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    grad_fn = jax.value_and_grad(lambda params, mb: loss_fn(params, mb=mb), has_aux=True)
     micro = _micro(batch, num_micro)
     first = jax.tree.map(lambda x: x[0], micro)
     aux_shape = jax.eval_shape(lambda: grad_fn(state.params, first)[0][1])

@@ -5,6 +5,7 @@ run needs: model, problems, environment, rollout, algorithm, optimizers, mesh an
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ml_collections import ConfigDict
@@ -29,8 +30,11 @@ def base_config() -> ConfigDict:
 
     # architecture: the preset a checkpoint must match (lets `rljax plan` size a run without the weights);
     # remat: none | full | dots_saveable for the training passes ("" keeps the model's own)
+    # lora: adapters on the comma-listed projections (q,k,v,o,gate,up,down or all; "" = full fine-tuning) with
+    # rank and alpha (update scale alpha / rank); only the adapters train (models/lora.py)
     c.model = ConfigDict({"preset": "", "overrides": {}, "init_seed": 0, "checkpoint": "", "pretrained": "",
-                          "dtype": "", "architecture": "", "remat": ""})
+                          "dtype": "", "architecture": "", "remat": "",
+                          "lora": {"targets": "", "rank": 16, "alpha": 32.0}})
     # source: toy | jsonl (path) | bundled (32 demo problems) | practice / practice_heldout (rljax.data.practice:
     # 320 training problems, 48 held-out ones of other task families) | humaneval | code_contests (path: shards)
     c.data = ConfigDict({"source": "jsonl", "path": "", "toy_count": 10, "toy_digits": 1, "max_problems": 0,
@@ -47,7 +51,7 @@ def base_config() -> ConfigDict:
         "clip_eps": 0.2, "value_clip": 0.2, "entropy_coef": 0.0, "aggregation": "token_mean", "epochs": 1,
         "kl_placement": "reward", "kl_estimator": "k3", "group_eps": 1e-6, "scale_by_std": True})
     c.optim = ConfigDict({"learning_rate": 2e-7, "warmup_steps": 50, "weight_decay": 0.1, "b1": 0.9, "b2": 0.95,
-                          "eps": 1e-8, "max_grad_norm": 1.0})
+                          "eps": 1e-8, "max_grad_norm": 1.0, "optimizer": "adamw"})
     c.value_optim = ConfigDict(c.optim.to_dict())
     # vocab_chunk: sequence positions per chunk of the log-softmax over the vocabulary (models/logprobs.py)
     c.train = ConfigDict({"micro_batches": 1, "seq_bucket": 64, "vocab_chunk": LossConfig.vocab_chunk})
@@ -124,6 +128,7 @@ def validate(config: ConfigDict) -> None:
     if config.env.name == "swerl" and config.env.max_turns != 1:
         raise ValueError("config.env.max_turns: SWE-RL has a single turn; set it to 1")
     model = config.model
+    lora_config(model)
     if sum(bool(model.get(k)) for k in ("preset", "checkpoint", "pretrained")) != 1:
         raise ValueError("config.model: set exactly one of preset (random init), checkpoint (a path) or "
                          "pretrained ('smollm2')")
@@ -148,8 +153,6 @@ def model_architecture(cfg: ConfigDict) -> Any:
     """The LlamaConfig a run's model block names, without loading weights: the preset (with overrides), the
     bundled SmolLM2's, a checkpoint's config.json where it is here, else the `model.architecture` preset;
     with the block's dtype and remat applied."""
-    from pathlib import Path
-
     from models.checkpoint import read_config
     from models.config import PRESETS, LlamaConfig
 
@@ -169,9 +172,43 @@ def model_architecture(cfg: ConfigDict) -> Any:
     return arch.replace(remat=cfg.remat) if cfg.get("remat") else arch
 
 
+def lora_config(cfg: ConfigDict) -> Any:
+    """The model block's LoraConfig, or None without adapters."""
+    from models.lora import LoraConfig
+
+    lora = cfg.get("lora")
+    if not lora or not lora.get("targets"):
+        return None
+    try:
+        return LoraConfig.parse(lora.targets, lora.rank, lora.alpha)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"config.model.lora: {err}") from None
+
+
+def base_model_name(cfg: ConfigDict) -> str:
+    """What the base weights are (recorded with LoRA adapters so they are never loaded onto another model)."""
+    if cfg.get("pretrained"):
+        return f"pretrained:{cfg.pretrained}"
+    if cfg.get("checkpoint"):
+        return f"checkpoint:{Path(cfg.checkpoint).absolute()}"
+    return f"preset:{cfg.preset}:seed{cfg.init_seed}"
+
+
 def build_policy(cfg: ConfigDict, mesh: Any = None) -> tuple[Llama, Any]:
-    """(model, tokenizer or None): a random preset, an rljax checkpoint, or the bundled SmolLM2. A checkpoint
-    is restored straight into its shards on `mesh`; `model.architecture`, where set, must match it."""
+    """(model, tokenizer or None): a random preset, an rljax checkpoint, or the bundled SmolLM2, with fresh
+    LoRA adapters when `cfg.lora` names targets."""
+    from models.lora import add_lora
+
+    model, tokenizer = _base_policy(cfg, mesh)
+    lora = lora_config(cfg)
+    if lora is not None:
+        add_lora(model, lora, seed=cfg.init_seed)
+    return model, tokenizer
+
+
+def _base_policy(cfg: ConfigDict, mesh: Any = None) -> tuple[Llama, Any]:
+    """A checkpoint is restored straight into its shards on `mesh`; `model.architecture`, where set, must
+    match it."""
     from flax import nnx
 
     from models.checkpoint import load_checkpoint, load_tokenizer, read_config

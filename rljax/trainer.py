@@ -17,6 +17,7 @@ from ml_collections import ConfigDict
 
 from executor.pool import ExecutorPool
 from models.llama import LlamaValueModel
+from models.lora import LoraParam, add_lora, lora_config_of
 from models.sampler import FINISH_LENGTH, Sampler, SamplingParams
 from models.sharding import batch_sharding, host_array, shard_model, use_mesh
 from rljax import advantages as adv
@@ -28,7 +29,8 @@ from rljax.metrics import MetricsWriter
 from rljax.ppo import explained_variance
 from rljax.problems import ProblemStream
 from rljax.rollout import RolloutRunner, RolloutStats, Trajectory
-from rljax.run_config import build_codec, build_env, build_mesh, build_policy, load_rows, loss_config, optim_config, validate
+from rljax.run_config import (base_model_name, build_codec, build_env, build_mesh, build_policy, load_rows,
+                               loss_config, optim_config, validate)
 
 log = logging.getLogger("rljax.trainer")
 
@@ -52,15 +54,22 @@ class Trainer:
         self.mesh = build_mesh(config.mesh)
         policy, self.tokenizer = build_policy(config.model, self.mesh)
         shard_model(policy, self.mesh)
-        # the frozen reference only matters when KL is weighted in (kl_beta 0: no copy, no scoring pass)
-        self.ref_params = jax.tree.map(jnp.copy, nnx.state(policy)) if config.algo.kl_beta else None
         value_model = None
         if config.algo.name == "ppo":
             value_model = LlamaValueModel(policy.config, rngs=nnx.Rngs(config.seed + 1))
-            nnx.update(value_model.backbone, jax.tree.map(jnp.copy, nnx.state(policy)))
+            lora = lora_config_of(policy)
+            if lora is None:  # a critic of its own, initialised from the policy
+                nnx.update(value_model.backbone, jax.tree.map(jnp.copy, nnx.state(policy)))
+            else:  # the policy's frozen base arrays themselves (shared memory) with adapters of its own
+                nnx.update(value_model.backbone, nnx.state(policy, nnx.Not(LoraParam)))
+                add_lora(value_model.backbone, lora, seed=config.seed + 1)
             shard_model(value_model, self.mesh)
         self.learner = Learner(policy, loss_config(config), optim_config(config.optim), config.train.micro_batches,
                                value_model, optim_config(config.value_optim))
+        # the frozen reference only matters when KL is weighted in (kl_beta 0: no copy, no scoring pass)
+        self.ref_params = self.learner.reference_params() if config.algo.kl_beta else None
+        self.model_record = {"base": base_model_name(config.model),
+                             "lora": None if lora_config_of(policy) is None else lora_config_of(policy).as_dict()}
         self.codec = build_codec(config, self.tokenizer)
         rows = load_rows(config.data)
         self.env = build_env(config.env, rows, data_source=config.data.source)
@@ -94,6 +103,10 @@ class Trainer:
                 raise ResumeError(f"{self.checkpointer.directory}: no checkpoint to resume from "
                                   "(checkpoint.resume='require')")
             return
+        found = self.checkpointer.read_meta(latest).get("model")
+        if found is not None and found != self.model_record:
+            raise ResumeError(f"{self.checkpointer.directory}/{latest}: its weights are for model {found}, this run's "
+                              f"model is {self.model_record}; use another workdir or the same model config")
         states, meta = self.checkpointer.restore(latest, self._states())
         self.learner.policy_state, self.learner.value_state = states["policy"], states["value"]
         self.stream.set_state(meta["data"])
@@ -101,7 +114,7 @@ class Trainer:
         log.info("resumed from %s at step %d", self.checkpointer.directory, self.step_count)
 
     def _save(self, force: bool = False) -> None:
-        meta = {"step": self.step_count, "data": self.stream.get_state()}
+        meta = {"step": self.step_count, "data": self.stream.get_state(), "model": self.model_record}
         self.checkpointer.save(self.step_count, self._states(), meta, force=force)
 
     # ---- one step ------------------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ def one_update(algorithm: str, mesh) -> tuple[float, list[np.ndarray]]:
     cfg = LlamaConfig.preset("tiny", vocab_size=64, num_heads=4, num_kv_heads=4)
     policy = shard_model(Llama(cfg, rngs=nnx.Rngs(0)), mesh)
     value = shard_model(LlamaValueModel(cfg, rngs=nnx.Rngs(1)), mesh) if algorithm == "ppo" else None
-    learner = Learner(policy, LossConfig(algorithm, kl_coef=0.1, kl_in_loss=True), OptimConfig(1e-3, 0), 2, value)
+    # plain SGD at rate 1: the parameter change is the clipped gradient itself (AdamW's first step is ~lr * sign)
+    learner = Learner(policy, LossConfig(algorithm, kl_coef=0.1, kl_in_loss=True),
+                      OptimConfig(1.0, 0, optimizer="sgd"), 2, value)
     with use_mesh(mesh):
         batch = {k: jax.device_put(v, batch_sharding(mesh, v.ndim, batch_size=v.shape[0]))
                  for k, v in synthetic_batch(8, 24, 64).items()}
@@ -29,6 +31,8 @@ def one_update(algorithm: str, mesh) -> tuple[float, list[np.ndarray]]:
         if value is not None:
             metrics.update(learner.update_value(batch))
     leaves = [np.asarray(x) for x in jax.tree.leaves(learner.policy_state.params)]
+    initial = [np.asarray(x) for x in jax.tree.leaves(nnx.state(Llama(cfg, rngs=nnx.Rngs(0))))]
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(leaves, initial)) > 1e-3  # the update moved
     return float(metrics["loss"]), leaves
 
 

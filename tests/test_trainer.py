@@ -98,14 +98,16 @@ def test_micro_batches_give_the_full_batch_update(algorithm):
     for micro in (1, 2, 4):
         value = LlamaValueModel(cfg, rngs=nnx.Rngs(1)) if algorithm == "ppo" else None
         learner = Learner(Llama(cfg, rngs=nnx.Rngs(0)), LossConfig(algorithm, kl_coef=0.1, kl_in_loss=True),
-                          OptimConfig(1e-3, 0), micro, value)
+                          OptimConfig(1.0, 0, optimizer="sgd"), micro, value)
         metrics = learner.update_policy(batch)
         if value is not None:
             metrics.update(learner.update_value(batch))
         results.append((metrics, [np.asarray(x) for x in jax.tree.leaves(learner.policy_state.params)]))
+    initial = [np.asarray(x) for x in jax.tree.leaves(nnx.state(Llama(cfg, rngs=nnx.Rngs(0))))]
+    assert max(np.max(np.abs(a - b)) for a, b in zip(results[0][1], initial)) > 1e-3  # SGD at rate 1 moved
     for metrics, params in results[1:]:
         assert np.isclose(float(metrics["loss"]), float(results[0][0]["loss"]), atol=1e-6)
-        assert max(np.max(np.abs(a - b)) for a, b in zip(params, results[0][1])) < 1e-6
+        assert max(np.max(np.abs(a - b)) for a, b in zip(params, results[0][1])) < 1e-5
         if algorithm == "ppo":
             assert np.isclose(float(metrics["value_loss"]), float(results[0][0]["value_loss"]), atol=1e-6)
     if algorithm == "ppo":  # and the loss is the documented full-batch PPO loss
@@ -113,6 +115,14 @@ def test_micro_batches_give_the_full_batch_update(algorithm):
         logp, _ = token_logprobs(Llama(cfg, rngs=nnx.Rngs(0)), batch, 1.0)
         reference, _ = clipped_policy_loss(logp, batch["old_logp"], batch["advantages"], batch["sampled"])
         assert np.isclose(float(results[0][0]["policy_loss"]), float(reference), atol=1e-6)
+
+
+def test_warmup_schedule_starts_moving_at_the_first_update():
+    from rljax.learner import learning_rate_schedule
+
+    warm = learning_rate_schedule(OptimConfig(1e-3, 4))
+    assert [float(warm(s)) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert [float(learning_rate_schedule(OptimConfig(1e-3, 0))(s)) for s in range(3)] == pytest.approx([1e-3] * 3)
 
 
 def test_informative_first_fills_the_first_micro_batches():
@@ -139,14 +149,16 @@ def test_on_policy_update_skips_zero_advantage_micro_batches_exactly():
     results = []
     for rows, micro, entropy_coef in ((scored, 1, 0.0), (on_policy, 4, 0.0), (on_policy, 4, 1e-9)):
         learner = Learner(Llama(cfg, rngs=nnx.Rngs(0)), LossConfig("grpo", entropy_coef=entropy_coef),
-                          OptimConfig(1e-3, 0), micro)
+                          OptimConfig(1.0, 0, optimizer="sgd"), micro)
         metrics = learner.update_policy({k: jax.numpy.asarray(v) for k, v in rows.items()})
         results.append((metrics, [np.asarray(x) for x in jax.tree.leaves(learner.policy_state.params)]))
     (full, full_params), (skipped, skipped_params), (every, _) = results
     assert float(skipped["micro_batches_computed"]) == 1.0  # the three all-zero micro-batches were not computed
     assert float(every["micro_batches_computed"]) == 4.0  # an entropy bonus makes every row count
     assert np.isclose(float(skipped["loss"]), float(full["loss"]), atol=1e-7)
-    assert max(np.max(np.abs(a - b)) for a, b in zip(skipped_params, full_params)) < 1e-6
+    initial = [np.asarray(x) for x in jax.tree.leaves(nnx.state(Llama(cfg, rngs=nnx.Rngs(0))))]
+    assert max(np.max(np.abs(a - b)) for a, b in zip(full_params, initial)) > 1e-3  # SGD at rate 1 moved
+    assert max(np.max(np.abs(a - b)) for a, b in zip(skipped_params, full_params)) < 1e-5
     assert float(skipped["grad_norm"]) > 0
     sampled = batch["sampled"][[1, 5]]
     expected = np.max(np.abs(np.asarray(old_logp)[[1, 5]] + 1.0) * sampled)

@@ -95,6 +95,7 @@ class Completion:
     logprobs: np.ndarray
     text: str | None
     finish_reason: str
+    entropies: np.ndarray | None = None  # entropy of softmax(logits / T) at each new token (the policy's spread)
 
 
 @flax.struct.dataclass
@@ -108,6 +109,7 @@ class SamplerState:
     count_b: jax.Array  # int32: tokens generated in the current call
     tokens_bn: jax.Array  # int32 [B, max_new]
     logprobs_bn: jax.Array  # float32 [B, max_new]
+    entropy_bn: jax.Array  # float32 [B, max_new]: entropy of the distribution each token was drawn from
     step: jax.Array  # int32 scalar: decode iterations run in the current call (one cache slot each)
 
     @property
@@ -174,8 +176,9 @@ def _sample_filtered(scaled_bv: jax.Array, key: jax.Array, top_p: jax.Array, sta
 
 
 def _pick(logits_bv: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static
-          ) -> tuple[jax.Array, jax.Array]:
-    """Sampled (or argmax) token per row and its log-probability under softmax(logits / temperature)."""
+          ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Sampled (or argmax) token per row, its log-probability under softmax(logits / temperature) and that
+    distribution's entropy."""
     if static.greedy:
         token = jnp.argmax(logits_bv, axis=-1)
         scaled = logits_bv
@@ -186,22 +189,26 @@ def _pick(logits_bv: jax.Array, key: jax.Array, temperature: jax.Array, top_p: j
         else:
             token = jax.random.categorical(key, scaled, axis=-1)
     token = token.astype(jnp.int32)
-    logprob = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), token[:, None], axis=-1)[:, 0]
-    return token, logprob
+    log_probs = jax.nn.log_softmax(scaled, axis=-1)
+    logprob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
+    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+    return token, logprob, entropy
 
 
-def _record(state: SamplerState, token_b: jax.Array, logprob_b: jax.Array, static: _Static) -> SamplerState:
+def _record(state: SamplerState, token_b: jax.Array, logprob_b: jax.Array, entropy_b: jax.Array,
+            static: _Static) -> SamplerState:
     """Append each live sequence's new token; finish it on a stop id or at max_new tokens."""
     live = ~state.done_b
     rows = jnp.arange(token_b.shape[0])
     slot = jnp.minimum(state.count_b, static.max_new - 1)
     tokens = state.tokens_bn.at[rows, slot].set(jnp.where(live, token_b, state.tokens_bn[rows, slot]))
     logprobs = state.logprobs_bn.at[rows, slot].set(jnp.where(live, logprob_b, state.logprobs_bn[rows, slot]))
+    entropy = state.entropy_bn.at[rows, slot].set(jnp.where(live, entropy_b, state.entropy_bn[rows, slot]))
     count = state.count_b + live
     is_stop = jnp.isin(token_b, jnp.asarray(static.stop_ids, jnp.int32)) if static.stop_ids else False
     done = state.done_b | (live & is_stop) | (count >= static.max_new)
     return state.replace(last_b=jnp.where(live, token_b, state.last_b), tokens_bn=tokens, logprobs_bn=logprobs,
-                         count_b=count, done_b=done)
+                         entropy_bn=entropy, count_b=count, done_b=done)
 
 
 Layers = tuple[dict[str, jax.Array], ...]  # per-layer weights, `DecoderStack.per_layer`
@@ -233,9 +240,10 @@ def _prefill(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, cache: K
             cache=cache, last_b=last_b, position_b=jnp.where(active_b, positions[:, -1] + 1, start_position_b),
             done_b=~active_b, count_b=jnp.zeros((batch,), jnp.int32),
             tokens_bn=jnp.zeros((batch, static.max_new), jnp.int32),
-            logprobs_bn=jnp.zeros((batch, static.max_new), jnp.float32), step=jnp.zeros((), jnp.int32))
-        token, logprob = _pick(logits, jax.random.fold_in(key, 0), temperature, top_p, static)
-        return _record(state, token, logprob, static)
+            logprobs_bn=jnp.zeros((batch, static.max_new), jnp.float32),
+            entropy_bn=jnp.zeros((batch, static.max_new), jnp.float32), step=jnp.zeros((), jnp.int32))
+        token, logprob, entropy = _pick(logits, jax.random.fold_in(key, 0), temperature, top_p, static)
+        return _record(state, token, logprob, entropy, static)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window"),
@@ -256,9 +264,10 @@ def _decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Sa
         def body(s: SamplerState) -> SamplerState:
             live = ~s.done_b
             logits, cache = model(s.last_b[:, None], s.position_b[:, None], live[:, None], s.cache, layers)
-            token, logprob = _pick(logits[:, 0], jax.random.fold_in(key, s.step + 1), temperature, top_p, static)
+            token, logprob, entropy = _pick(logits[:, 0], jax.random.fold_in(key, s.step + 1), temperature, top_p,
+                                            static)
             s = s.replace(cache=_constrain_cache(cache), position_b=s.position_b + live, step=s.step + 1)
-            return _record(s, token, logprob, static)
+            return _record(s, token, logprob, entropy, static)
 
         full = state.cache
         state = jax.lax.while_loop(cond, body, state.replace(cache=_window_of(full, window)))
@@ -500,7 +509,8 @@ class Sampler:
         return lo
 
     def _completions(self, state: SamplerState, sampling: SamplingParams, stopped: np.ndarray) -> list[Completion]:
-        tokens, logprobs, counts = (host_array(x) for x in (state.tokens_bn, state.logprobs_bn, state.count_b))
+        tokens, logprobs, entropies, counts = (host_array(x) for x in (state.tokens_bn, state.logprobs_bn,
+                                                                        state.entropy_bn, state.count_b))
         stop_ids = set(sampling.stop_ids)
         out = []
         for b in range(len(counts)):
@@ -512,5 +522,5 @@ class Sampler:
                 reason = FINISH_EOS
             else:
                 reason = FINISH_LENGTH
-            out.append(Completion(ids, logprobs[b, :counts[b]].copy(), text, reason))
+            out.append(Completion(ids, logprobs[b, :counts[b]].copy(), text, reason, entropies[b, :counts[b]].copy()))
         return out

@@ -34,17 +34,30 @@ def gae_over_turns(rewards_nt: np.ndarray, values_nt: np.ndarray, turn_mask_nt: 
     return advantages, (advantages + values) * mask
 
 
-def group_advantages(rewards: np.ndarray, group_size: int, eps: float = 1e-6, scale_by_std: bool = True
-                     ) -> np.ndarray:
-    """GRPO: (r - group mean) / (group std + eps) over consecutive groups of `group_size` responses.
+BASELINES = ("group_mean", "leave_one_out")
 
-    The std is the population std (ddof 0), so a group of one, or a group of ties, gets advantage 0.
+
+def group_advantages(rewards: np.ndarray, group_size: int, eps: float = 1e-6, scale_by_std: bool = True,
+                     baseline: str = "group_mean") -> np.ndarray:
+    """Group-relative advantages over consecutive groups of `group_size` responses to one prompt.
+
+    group_mean (GRPO): (r_i - mean_j r_j) / (std_j r_j + eps), population std (ddof 0), so a group of one or a
+    group of ties gets 0; scale_by_std False is Dr.GRPO's r_i - mean (Liu et al. 2025).
+    leave_one_out (RLOO, Ahmadian et al. 2024): r_i - (1 / (G - 1)) sum_{j != i} r_j = G / (G - 1) (r_i - mean),
+    the baseline of each response not using its own reward (G >= 2); divided by the group std when scale_by_std.
     """
     rewards = np.asarray(rewards, np.float64)
     if group_size <= 0 or rewards.size % group_size:
         raise ValueError(f"group_advantages: {rewards.size} rewards do not split into groups of {group_size}")
+    if baseline not in BASELINES:
+        raise ValueError(f"group baseline {baseline!r}: expected one of {BASELINES}")
     groups = rewards.reshape(-1, group_size)
-    centred = groups - groups.mean(axis=1, keepdims=True)
+    if baseline == "leave_one_out":
+        if group_size < 2:
+            raise ValueError("group baseline leave_one_out needs groups of at least 2 responses")
+        centred = groups - (groups.sum(axis=1, keepdims=True) - groups) / (group_size - 1)
+    else:
+        centred = groups - groups.mean(axis=1, keepdims=True)
     if scale_by_std:
         centred = centred / (groups.std(axis=1, keepdims=True) + eps)
     return centred.reshape(rewards.shape)

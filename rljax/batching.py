@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from models.sampler import FINISH_LENGTH
 from rljax.ppo import AGGREGATIONS
 from rljax.rollout import Trajectory
 
@@ -17,7 +18,7 @@ def round_up(n: int, multiple: int) -> int:
 def build_batch(trajectories: Sequence[Trajectory], max_turns: int, length_bucket: int, pad_id: int
                 ) -> dict[str, np.ndarray]:
     """Arrays [B, L] (tokens, valid, positions, sampled, turn_of_token, sampler_logp) and [B, T] per turn
-    (value_index, turn_mask, task_reward), plus group and trainable per dialog."""
+    (value_index, turn_mask, task_reward, truncated), plus group and trainable per dialog."""
     b = len(trajectories)
     if not b:
         raise ValueError("build_batch: no trajectories")
@@ -27,6 +28,7 @@ def build_batch(trajectories: Sequence[Trajectory], max_turns: int, length_bucke
            "sampled": np.zeros((b, length), np.float32), "turn_of_token": np.full((b, length), -1, np.int32),
            "sampler_logp": np.zeros((b, length), np.float32), "value_index": np.zeros((b, max_turns), np.int32),
            "turn_mask": np.zeros((b, max_turns), np.float32), "task_reward": np.zeros((b, max_turns), np.float32),
+           "truncated": np.zeros((b, max_turns), bool),  # the answer was cut at the token budget
            "group": np.asarray([t.group for t in trajectories], np.int32),
            "trainable": np.asarray([t.trainable for t in trajectories], np.float32)}
     for row, t in enumerate(trajectories):
@@ -42,15 +44,19 @@ def build_batch(trajectories: Sequence[Trajectory], max_turns: int, length_bucke
         out["value_index"][row, :turns] = t.value_positions
         out["turn_mask"][row, :turns] = float(t.trainable)
         out["task_reward"][row, :turns] = t.rewards
+        out["truncated"][row, :turns] = [k < len(t.finish_reasons) and t.finish_reasons[k] == FINISH_LENGTH
+                                         for k in range(turns)]
     return out
 
 
-def aggregation_weights(mask_bt: np.ndarray, mode: str) -> np.ndarray:
+def aggregation_weights(mask_bt: np.ndarray, mode: str, constant_length: int = 0) -> np.ndarray:
     """Per-token weights w with sum(loss_bt * w) = the chosen aggregation of loss_bt over the mask.
 
     token_mean: 1 / (masked tokens in the batch); sequence_mean: 1 / (tokens of that sequence * sequences
-    with at least one masked token). Computed once over the whole batch, they make the loss of any split into
-    micro-batches sum exactly to the loss of the batch.
+    with at least one masked token); constant_length (Dr.GRPO, Liu et al. 2025): 1 / (constant_length *
+    sequences), a normaliser that does not depend on any answer's length (constant_length: the most tokens an
+    episode may sample). Computed once over the whole batch, they make the loss of any split into micro-batches
+    sum exactly to the loss of the batch.
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"loss aggregation {mode!r}: expected one of {AGGREGATIONS}")
@@ -59,6 +65,10 @@ def aggregation_weights(mask_bt: np.ndarray, mode: str) -> np.ndarray:
         return (mask / max(mask.sum(), 1.0)).astype(np.float32)
     per_seq = mask.sum(axis=-1, keepdims=True)
     sequences = max(float((per_seq > 0).sum()), 1.0)
+    if mode == "constant_length":
+        if constant_length <= 0:
+            raise ValueError("loss aggregation constant_length needs the episode token budget (> 0)")
+        return (mask / float(constant_length) / sequences).astype(np.float32)
     return (mask / np.maximum(per_seq, 1.0) / sequences).astype(np.float32)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rljax.ppo import aggregate, clipped_policy_terms, masked_aggregate
+from rljax.ppo import aggregate, clipped_policy_terms, masked_aggregate, sequence_log_ratio
 
 KL_ESTIMATORS = ("k1", "k3")
 KL_PLACEMENTS = ("loss", "reward", "none")
@@ -24,10 +24,16 @@ def kl_estimate(logp_bt: jax.Array, ref_logp_bt: jax.Array, estimator: str) -> j
 
 def grpo_loss(logp_bt: jax.Array, old_logp_bt: jax.Array, ref_logp_bt: jax.Array, advantages_bt: jax.Array,
               mask_bt: jax.Array, clip_eps: float = 0.2, kl_coef: float = 0.0, kl_estimator: str = "k3",
-              kl_in_loss: bool = True, aggregation: str = "token_mean", weights_bt: jax.Array | None = None
-              ) -> tuple[jax.Array, dict]:
-    """Clipped policy loss plus (when `kl_in_loss`) kl_coef * the per-token KL estimate, aggregated together."""
-    per_token, was_clipped = clipped_policy_terms(logp_bt, old_logp_bt, advantages_bt, clip_eps)
+              kl_in_loss: bool = True, aggregation: str = "token_mean", weights_bt: jax.Array | None = None,
+              clip_eps_high: float | None = None, dual_clip: float = 0.0, ratio_level: str = "token",
+              is_weights_bt: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    """Clipped policy loss (clip-higher, dual-clip, GSPO's sequence ratio and truncated importance weights as in
+    `rljax.ppo.clipped_policy_loss`) plus, when `kl_in_loss`, kl_coef * the per-token KL estimate."""
+    log_ratio = sequence_log_ratio(logp_bt, old_logp_bt, mask_bt) if ratio_level == "sequence" else None
+    per_token, was_clipped = clipped_policy_terms(logp_bt, old_logp_bt, advantages_bt, clip_eps, clip_eps_high,
+                                                  dual_clip, log_ratio)
+    if is_weights_bt is not None:
+        per_token = per_token * is_weights_bt
     kl = kl_estimate(logp_bt, ref_logp_bt, kl_estimator)
     if kl_in_loss and kl_coef:
         per_token = per_token + kl_coef * kl

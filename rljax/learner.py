@@ -29,7 +29,7 @@ from models.llama import Llama, LlamaValueModel
 from models.lora import LoraParam
 from models.sharding import constrain
 from rljax.grpo import KL_ESTIMATORS, grpo_loss
-from rljax.ppo import clipped_policy_loss, clipped_value_loss
+from rljax.ppo import RATIO_LEVELS, clipped_policy_loss, clipped_value_loss
 
 ALGORITHMS = ("ppo", "grpo")
 OPTIMIZERS = ("adamw", "sgd")
@@ -62,7 +62,11 @@ class OptimConfig:
 class LossConfig:
     algorithm: str = "ppo"
     temperature: float = 1.0  # logprobs are log_softmax(logits / T), as the sampler's
-    clip_eps: float = 0.2
+    clip_eps: float = 0.2  # the lower side (1 - eps) and, unless clip_eps_high is set, the upper one
+    clip_eps_high: float | None = None  # DAPO's clip-higher: the ratio may rise to 1 + clip_eps_high
+    dual_clip: float = 0.0  # > 1: cap the loss of a negative-advantage token at -dual_clip * A (0 = off)
+    ratio_level: str = "token"  # token | sequence (GSPO's length-normalised sequence ratio)
+    tis_cap: float = 0.0  # > 0: truncated importance sampling, tokens weighted min(pi_old / pi_sampler, cap)
     value_clip: float = 0.2
     entropy_coef: float = 0.0
     kl_coef: float = 0.0  # GRPO with KL in the loss
@@ -79,13 +83,20 @@ class LossConfig:
             raise ValueError(f"vocab_chunk: expected a positive integer, got {self.vocab_chunk!r}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 for training logprobs, got {self.temperature}")
+        if self.ratio_level not in RATIO_LEVELS:
+            raise ValueError(f"ratio_level {self.ratio_level!r}: expected one of {RATIO_LEVELS}")
+        if self.dual_clip and not self.dual_clip > 1:
+            raise ValueError(f"dual_clip must be 0 (off) or > 1, got {self.dual_clip}")
+        if self.tis_cap < 0 or (self.clip_eps_high is not None and self.clip_eps_high < 0):
+            raise ValueError("tis_cap and clip_eps_high must be >= 0")
 
 
 def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:
-    """lr * min(step + 1, warmup) / warmup for update `step` = 0, 1, ...: the first update already moves (no
-    update at rate 0), the rate is full from update `warmup` - 1 on; warmup 0 is a constant rate."""
-    warmup = max(cfg.warmup_steps, 1)
-    return lambda step: cfg.learning_rate * jnp.minimum(step + 1, warmup) / warmup
+    """lr * min(step, warmup) / warmup for update `step` = 0, 1, ... (linear warm-up from 0, as HF and optax
+    schedules do); warmup 0 is a constant rate from the first update on."""
+    if cfg.warmup_steps <= 0:
+        return optax.constant_schedule(cfg.learning_rate)
+    return optax.linear_schedule(0.0, cfg.learning_rate, cfg.warmup_steps)
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
@@ -229,17 +240,24 @@ class Learner:
         if not cfg.entropy_coef:  # a diagnostic only: no gradient through it
             entropy = jax.lax.stop_gradient(entropy)
         old_logp = mb["old_logp"] if "old_logp" in mb else jax.lax.stop_gradient(logp)  # on-policy: ratio 1
+        sampled = mb["sampled"]
+        extra = {}
+        is_weights = None
+        if cfg.tis_cap:  # min(pi_old / pi_sampler, cap): corrects for the sampler's numerics or stale weights
+            is_weights = jnp.minimum(jnp.exp(old_logp - mb["sampler_logp"]), cfg.tis_cap) * sampled
+            extra["tis_weight_mean"] = jnp.sum(is_weights) / jnp.maximum(jnp.sum(sampled), 1.0)
+            extra["max_tis_weight"] = jnp.max(is_weights)
+        variant = dict(clip_eps_high=cfg.clip_eps_high, dual_clip=cfg.dual_clip, ratio_level=cfg.ratio_level,
+                       is_weights_bt=is_weights)
         if cfg.algorithm == "ppo":
-            loss, diag = clipped_policy_loss(logp, old_logp, mb["advantages"], mb["sampled"], cfg.clip_eps,
-                                             weights_bt=mb["weights"])
+            loss, diag = clipped_policy_loss(logp, old_logp, mb["advantages"], sampled, cfg.clip_eps,
+                                             weights_bt=mb["weights"], **variant)
         else:
-            loss, diag = grpo_loss(logp, old_logp, mb.get("ref_logp", old_logp), mb["advantages"], mb["sampled"],
+            loss, diag = grpo_loss(logp, old_logp, mb.get("ref_logp", old_logp), mb["advantages"], sampled,
                                    cfg.clip_eps, cfg.kl_coef, cfg.kl_estimator, cfg.kl_in_loss,
-                                   weights_bt=mb["weights"])
+                                   weights_bt=mb["weights"], **variant)
         entropy_term = jnp.sum(entropy * mb["weights"])
         total = loss - cfg.entropy_coef * entropy_term
-        sampled = mb["sampled"]
-        extra = {"entropy_tokens": jnp.sum(jax.lax.stop_gradient(entropy) * sampled), "tokens": jnp.sum(sampled)}
         if "sampler_logp" in mb:  # how far the sampler's logprobs are from the trainer's (numerics, stale weights)
             extra["max_sampler_logprob_diff"] = jnp.max(jnp.abs(jax.lax.stop_gradient(logp) - mb["sampler_logp"])
                                                         * sampled)
@@ -308,7 +326,7 @@ def _accumulate_and_apply(loss_fn: Callable, tx: optax.GradientTransformation, s
         (loss, aux, grads, computed), _ = jax.lax.scan(body, nothing + (jnp.zeros(()),), micro)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    summed = ("policy_loss", "value_loss", "entropy", "entropy_tokens", "tokens")  # weighted sums add up
+    summed = ("policy_loss", "value_loss", "entropy")  # weighted sums add up over micro-batches
     metrics = {k: v if k in summed or k.startswith("max_") else v / jnp.maximum(computed, 1.0)
                for k, v in aux.items()}
     metrics.update(loss=loss, grad_norm=optax.tree.norm(grads), micro_batches_computed=computed)

@@ -45,6 +45,7 @@ class Trajectory:
     statuses: list[str] = dataclasses.field(default_factory=list)
     finish_reasons: list[str] = dataclasses.field(default_factory=list)
     answers: list[str] = dataclasses.field(default_factory=list)
+    sampled_entropy: float = 0.0  # summed entropy of the sampling distribution over the sampled tokens
     done: bool = False
     trainable: bool = True  # False after an executor error: kept and counted, but given no loss weight
 
@@ -71,6 +72,11 @@ class RolloutStats:
     score_wait_s: float = 0.0  # main-thread time blocked on executor results: the devices wait on the hosts
     executor_errors: int = 0
     context_full: int = 0
+
+    def add(self, other: "RolloutStats") -> None:
+        """Accumulate another round's counts and times (dynamic sampling runs several rounds per step)."""
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
 
 class RolloutRunner:
@@ -132,6 +138,8 @@ class RolloutRunner:
         trajectory = trajectories[i]
         trajectory.value_positions.append(len(trajectory.tokens) - 1)
         trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
+        if completion.entropies is not None:
+            trajectory.sampled_entropy += float(np.sum(completion.entropies))
         trajectory.finish_reasons.append(completion.finish_reason)
         text = self.codec.answer_text(completion.token_ids)
         trajectory.answers.append(text)

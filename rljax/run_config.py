@@ -17,7 +17,8 @@ from rljax.distributed import MODES as DISTRIBUTED_MODES
 from rljax.distributed import distributed_config
 from rljax.envs import RLEFEnv, RLEFRewards, SWERLEnv
 from rljax.learner import ALGORITHMS, LossConfig, OptimConfig
-from rljax.ppo import AGGREGATIONS
+from rljax.advantages import BASELINES
+from rljax.ppo import AGGREGATIONS, RATIO_LEVELS
 from rljax.grpo import KL_ESTIMATORS, KL_PLACEMENTS
 
 def base_config() -> ConfigDict:
@@ -46,10 +47,19 @@ def base_config() -> ConfigDict:
     c.rollout = ConfigDict({
         "problems_per_step": 8, "samples_per_problem": 1, "max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0,
         "top_k": 0, "cache_capacity": 4096, "length_bucket": 64, "num_chunks": 2, "executor_workers": 0})
+    # policy-optimisation variants (README "Variants"; the defaults are the papers' settings):
+    # clip_eps_high (0 = clip_eps) and dual_clip (0 = off) on the ratio; ratio_level token | sequence (GSPO);
+    # group_baseline group_mean | leave_one_out (RLOO); scale_by_std False + aggregation constant_length is
+    # Dr.GRPO; tis_cap > 0 truncated importance sampling; overlong_buffer > 0 DAPO's soft length penalty
+    # (overlong_penalty at the budget); mask_truncated drops answers cut at the budget from the loss;
+    # dynamic_sampling_rounds > 0 re-draws problems whose groups all scored the same (DAPO)
     c.algo = ConfigDict({
         "name": "ppo", "kl_beta": 0.05, "gamma": 1.0, "lam": 0.95, "normalize_advantages": False,
         "clip_eps": 0.2, "value_clip": 0.2, "entropy_coef": 0.0, "aggregation": "token_mean", "epochs": 1,
-        "kl_placement": "reward", "kl_estimator": "k3", "group_eps": 1e-6, "scale_by_std": True})
+        "kl_placement": "reward", "kl_estimator": "k3", "group_eps": 1e-6, "scale_by_std": True,
+        "clip_eps_high": 0.0, "dual_clip": 0.0, "ratio_level": "token", "group_baseline": "group_mean",
+        "tis_cap": 0.0, "overlong_buffer": 0, "overlong_penalty": 1.0, "mask_truncated": False,
+        "dynamic_sampling_rounds": 0})
     c.optim = ConfigDict({"learning_rate": 2e-7, "warmup_steps": 50, "weight_decay": 0.1, "b1": 0.9, "b2": 0.95,
                           "eps": 1e-8, "max_grad_norm": 1.0, "optimizer": "adamw"})
     c.value_optim = ConfigDict(c.optim.to_dict())
@@ -76,6 +86,7 @@ CHOICES = {
     "data.source": DATA_SOURCES, "eval.source": ("",) + DATA_SOURCES,
     "checkpoint.resume": ("auto", "require", "never"), "distributed.mode": DISTRIBUTED_MODES,
     "model.remat": ("", "none", "full", "dots_saveable"),
+    "algo.ratio_level": RATIO_LEVELS, "algo.group_baseline": BASELINES,
 }
 POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_problem", "rollout.max_new_tokens",
             "rollout.cache_capacity", "rollout.length_bucket", "rollout.num_chunks", "train.micro_batches",
@@ -122,6 +133,23 @@ def validate(config: ConfigDict) -> None:
                 parse_n_at_k(spec)
             except ValueError as err:
                 raise ValueError(f"config.eval.n_at_k: {err}") from None
+    a = config.algo
+    if a.dual_clip and not a.dual_clip > 1:
+        raise ValueError(f"config.algo.dual_clip: expected 0 (off) or a value > 1, got {a.dual_clip}")
+    for key in ("clip_eps_high", "tis_cap", "overlong_buffer", "dynamic_sampling_rounds"):
+        if a[key] < 0:
+            raise ValueError(f"config.algo.{key}: expected >= 0 (0 = off), got {a[key]!r}")
+    if a.overlong_buffer > config.rollout.max_new_tokens:
+        raise ValueError(f"config.algo.overlong_buffer: {a.overlong_buffer} is more than rollout.max_new_tokens "
+                         f"({config.rollout.max_new_tokens})")
+    if a.ratio_level == "sequence" and a.aggregation == "token_mean":
+        raise ValueError("config.algo.ratio_level: 'sequence' (GSPO) averages over sequences; set "
+                         "algo.aggregation to sequence_mean (token_mean would weigh each sequence by its length)")
+    grouped = a.name == "grpo"
+    if not grouped and (a.group_baseline != "group_mean" or a.dynamic_sampling_rounds):
+        raise ValueError("config.algo.group_baseline / dynamic_sampling_rounds: group variants need algo.name grpo")
+    if a.group_baseline == "leave_one_out" and config.rollout.samples_per_problem < 2:
+        raise ValueError("config.algo.group_baseline: leave_one_out needs rollout.samples_per_problem >= 2")
     eval_turns = _get(config, "eval.max_turns")
     if not isinstance(eval_turns, int) or eval_turns < 0:
         raise ValueError(f"config.eval.max_turns: expected an integer >= 0 (0 = env.max_turns), got {eval_turns!r}")
@@ -322,7 +350,9 @@ def loss_config(config: ConfigDict) -> LossConfig:
     return LossConfig(algorithm=a.name, temperature=config.rollout.temperature, clip_eps=a.clip_eps,
                       value_clip=a.value_clip, entropy_coef=a.entropy_coef, kl_coef=a.kl_beta,
                       kl_estimator=a.kl_estimator, kl_in_loss=a.name == "grpo" and a.kl_placement == "loss",
-                      vocab_chunk=config.train.vocab_chunk)
+                      vocab_chunk=config.train.vocab_chunk, clip_eps_high=a.get("clip_eps_high") or None,
+                      dual_clip=a.get("dual_clip", 0.0), ratio_level=a.get("ratio_level", "token"),
+                      tis_cap=a.get("tis_cap", 0.0))
 
 
 def optim_config(cfg: ConfigDict) -> OptimConfig:

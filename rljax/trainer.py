@@ -23,6 +23,7 @@ from models.sharding import batch_sharding, host_array, shard_model, use_mesh
 from rljax import advantages as adv
 from rljax import batching
 from rljax import distributed
+from rljax import shaping
 from rljax.checkpointing import ResumeError, TrainCheckpointer
 from rljax.learner import Learner
 from rljax.metrics import MetricsWriter
@@ -122,23 +123,58 @@ class Trainer:
         return {k: jax.device_put(v, batch_sharding(self.mesh, v.ndim, batch_size=v.shape[0]))
                 for k, v in arrays.items()}
 
-    def step(self) -> StepOutput:
+    def _rollout_round(self, round_index: int) -> tuple[list[Trajectory], RolloutStats]:
+        """Draw `problems_per_step` problems, sample `samples_per_problem` dialogs each and score them; every host
+        returns the whole batch's trajectories."""
         cfg = self.config
-        started = time.perf_counter()
         share = distributed.local_share(cfg.rollout.problems_per_step)
         batch = self.stream.next_batch(cfg.rollout.problems_per_step)[share]
         samples = cfg.rollout.samples_per_problem
         episodes = [self.env.open(problem) for _, problem in batch for _ in range(samples)]
         groups = [share.start + i // samples for i in range(len(episodes))]
         names = [str(row.get("name") or row.get("instance_id")) for row, _ in batch for _ in range(samples)]
-        self.sampler.model = self.learner.policy_model()
         key = jax.random.fold_in(jax.random.key(cfg.seed), self.step_count)
+        if round_index:
+            key = jax.random.fold_in(key, round_index)
+        trajectories, stats = self.rollouts.run(episodes, groups, names, key)
+        if jax.process_count() > 1:  # every host computes the advantages of the whole batch
+            trajectories = [t for part in distributed.allgather_objects(trajectories) for t in part]
+        return trajectories, stats
+
+    def _dynamic_sampling(self, trajectories: list[Trajectory], stats: RolloutStats
+                          ) -> tuple[list[Trajectory], dict[str, Any]]:
+        """DAPO's dynamic sampling: a group whose dialogs all scored the same carries no GRPO signal; draw more
+        problems (up to `dynamic_sampling_rounds` more rounds) until `problems_per_step` groups differ. The batch
+        keeps its size: informative groups first, topped up with uninformative ones when the rounds run out."""
+        cfg = self.config
+        size, wanted = cfg.rollout.samples_per_problem, cfg.rollout.problems_per_step
+        informative, spare = split_informative_groups(trajectories, size)
+        rounds = 1
+        while len(informative) < wanted and rounds <= cfg.algo.dynamic_sampling_rounds:
+            more, more_stats = self._rollout_round(rounds)
+            stats.add(more_stats)
+            rounds += 1
+            found, rest = split_informative_groups(more, size)
+            informative += found
+            spare += rest
+        chosen = (informative + spare)[:wanted]
+        batch = [t for group in chosen for t in group]
+        for i, t in enumerate(batch):
+            t.group = i // size
+        return batch, {"rollout/rounds": rounds, "rollout/informative_groups": min(len(informative), wanted)}
+
+    def step(self) -> StepOutput:
+        cfg = self.config
+        started = time.perf_counter()
+        self.sampler.model = self.learner.policy_model()
+        extra: dict[str, Any] = {}
         with use_mesh(self.mesh):
-            trajectories, rstats = self.rollouts.run(episodes, groups, names, key)
-            if jax.process_count() > 1:  # every host computes the advantages of the whole batch
-                trajectories = [t for part in distributed.allgather_objects(trajectories) for t in part]
+            trajectories, rstats = self._rollout_round(0)
+            if cfg.algo.dynamic_sampling_rounds:
+                trajectories, extra = self._dynamic_sampling(trajectories, rstats)
             train_started = time.perf_counter()
             metrics = self._learn(trajectories)
+        metrics.update(extra)
         metrics.update(rollout_metrics(trajectories, rstats, self.env.max_turns))
         metrics["data/skipped_problems"] = self.stream.skipped
         now = time.perf_counter()
@@ -152,9 +188,21 @@ class Trainer:
     def _learn(self, trajectories: list[Trajectory]) -> dict[str, Any]:
         cfg, algo = self.config, self.config.algo
         arrays = batching.build_batch(trajectories, self.env.max_turns, cfg.train.seq_bucket, self.pad_id)
-        sampled = arrays["sampled"]
-        extra: dict[str, np.ndarray] = {"weights": batching.aggregation_weights(sampled, algo.aggregation)}
         metrics: dict[str, Any] = {}
+        if algo.overlong_buffer:  # DAPO's soft overlong punishment, added to each answer's task reward
+            lengths = batching.per_turn_sums(arrays["sampled"], arrays["turn_of_token"], np.ones_like(arrays["sampled"]),
+                                             self.env.max_turns)
+            penalty = shaping.overlong_penalty(lengths, cfg.rollout.max_new_tokens, algo.overlong_buffer,
+                                               algo.overlong_penalty) * arrays["turn_mask"]
+            arrays["task_reward"] = (arrays["task_reward"] + penalty).astype(np.float32)
+            metrics["reward/overlong_penalty_mean"] = float(penalty.sum(axis=1).mean())
+        if algo.mask_truncated:  # DAPO's overlong filtering: answers cut at the budget carry no loss
+            arrays["sampled"] = shaping.mask_turns(arrays["sampled"], arrays["turn_of_token"], arrays["truncated"])
+            metrics["answers/masked_truncated"] = int((arrays["truncated"] & (arrays["turn_mask"] > 0)).sum())
+        sampled = arrays["sampled"]
+        episode_budget = cfg.rollout.max_new_tokens * self.env.max_turns  # Dr.GRPO's constant normaliser
+        extra: dict[str, np.ndarray] = {"weights": batching.aggregation_weights(sampled, algo.aggregation,
+                                                                                episode_budget)}
         # one update per rollout and no reference policy: the update scores the batch itself (ratio 1, see
         # rljax.learner), so there is no scoring pass; the shaping and the loss see zero KL
         on_policy = algo.epochs == 1 and self.ref_params is None
@@ -162,11 +210,10 @@ class Trainer:
         if on_policy:
             kl_tok = np.zeros_like(sampled)
         else:
-            old_logp, entropy = (host_array(x) for x in self.learner.score(self.learner.policy_state.params, placed))
+            old_logp = host_array(self.learner.score(self.learner.policy_state.params, placed)[0])
             ref_logp = old_logp if self.ref_params is None else host_array(self.learner.score(self.ref_params,
                                                                                                 placed)[0])
             kl_tok = (old_logp - ref_logp) * sampled
-            metrics["entropy/sampled"] = float((entropy * sampled).sum() / max(sampled.sum(), 1.0))
             metrics["policy/sampler_logprob_max_diff"] = float(np.max(np.abs(old_logp - arrays["sampler_logp"])
                                                                       * sampled))
             extra.update(old_logp=old_logp, ref_logp=ref_logp)
@@ -190,7 +237,7 @@ class Trainer:
             if algo.kl_placement == "reward":
                 rewards = rewards - algo.kl_beta * kl_tok.sum(axis=1)
             group_adv = adv.group_advantages(rewards, cfg.rollout.samples_per_problem, algo.group_eps,
-                                             algo.scale_by_std)
+                                             algo.scale_by_std, algo.group_baseline)
             extra["advantages"] = (group_adv[:, None] * sampled).astype(np.float32)
         rows = {**arrays, **{k: np.asarray(v, np.float32) for k, v in extra.items()}}
         if self.learner.skips_zero_advantage and cfg.train.micro_batches > 1:  # all-zero micro-batches are skipped
@@ -202,10 +249,8 @@ class Trainer:
             if algo.name == "ppo":
                 policy_metrics.update(self.learner.update_value(batch))
         trained = {k: float(v) for k, v in policy_metrics.items()}
-        entropy_tokens, tokens = trained.pop("entropy_tokens"), trained.pop("tokens")
         diff = trained.pop("max_sampler_logprob_diff", None)
-        if on_policy and tokens:  # measured by the update, over the rows it computed
-            metrics["entropy/sampled"] = entropy_tokens / tokens
+        if on_policy and trained.get("micro_batches_computed"):  # over the rows the update computed
             metrics["policy/sampler_logprob_max_diff"] = diff
         metrics.update({f"train/{k}": v for k, v in trained.items()})
         return metrics
@@ -247,6 +292,14 @@ def whiten(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return (values - mean) / (std + 1e-8) * mask
 
 
+def split_informative_groups(trajectories: list[Trajectory], size: int
+                             ) -> tuple[list[list[Trajectory]], list[list[Trajectory]]]:
+    """Consecutive groups of `size` dialogs, split into those whose total rewards differ and those all equal."""
+    groups = [trajectories[i:i + size] for i in range(0, len(trajectories), size)]
+    differ = [len({round(sum(t.rewards), 9) for t in g}) > 1 for g in groups]
+    return [g for g, d in zip(groups, differ) if d], [g for g, d in zip(groups, differ) if not d]
+
+
 def rollout_metrics(trajectories: list[Trajectory], stats: RolloutStats, max_turns: int) -> dict[str, Any]:
     """Reward mean, final status counts, solve rate by turn, turns and answer lengths, executor problems."""
     totals = np.asarray([sum(t.rewards) for t in trajectories])
@@ -259,6 +312,9 @@ def rollout_metrics(trajectories: list[Trajectory], stats: RolloutStats, max_tur
     out["turns/mean"] = float(np.mean([t.num_turns for t in trajectories]))
     lengths = [sum(1 for k in t.turn_of_token if k == turn) for t in trajectories for turn in range(t.num_turns)]
     out["response_length/mean"] = float(np.mean(lengths)) if lengths else 0.0
+    sampled_tokens = sum(sum(t.sampled) for t in trajectories)
+    if sampled_tokens:  # the policy's entropy where it sampled (softmax(logits / T), the sampler's own)
+        out["entropy/sampled"] = sum(t.sampled_entropy for t in trajectories) / sampled_tokens
     answers = [(status, reason) for t in trajectories for status, reason in zip(t.statuses, t.finish_reasons)]
     if answers:  # what explains a reward change: answers without code, answers cut at the token budget
         out["answers/no_code_share"] = float(np.mean([status == "no_code" for status, _ in answers]))

@@ -115,7 +115,7 @@ def test_sampled_next_token_frequencies_match_the_computed_distribution(vocab, s
     np.testing.assert_allclose(logprobs, np.log(full[tokens]), atol=1e-4)
 
 
-def test_logprobs_equal_a_teacher_forced_pass_over_the_sampled_tokens(tiny):
+def test_logprobs_and_entropies_equal_a_teacher_forced_pass_over_the_sampled_tokens(tiny):
     prompts = _prompts(1, (6, 13, 3), 512)
     temperature = 0.7
     sampling = SamplingParams(max_new_tokens=20, temperature=temperature, top_p=0.9, top_k=40)
@@ -128,6 +128,8 @@ def test_logprobs_equal_a_teacher_forced_pass_over_the_sampled_tokens(tiny):
         ref = np.asarray(logp[positions, np.asarray(completion.token_ids)])
         assert len(completion.token_ids) == 20
         np.testing.assert_allclose(completion.logprobs, ref, atol=1e-4)
+        entropy = -np.sum(np.exp(np.asarray(logp[positions])) * np.asarray(logp[positions]), axis=-1)
+        np.testing.assert_allclose(completion.entropies, entropy, atol=1e-4)  # of the unfiltered softmax(z / T)
 
 
 def test_same_key_same_tokens_other_key_other_tokens(tiny):

@@ -54,6 +54,7 @@ def _trajectory(prompt, answers, conts, rewards, group=0):
         t.append(answer, sampled=True, logprobs=[-1.0] * len(answer))
         t.rewards.append(rewards[k])
         t.statuses.append("retry")
+        t.finish_reasons.append("length" if len(answer) >= 3 else "eos")
         if k < len(conts):
             t.append(conts[k], sampled=False)
     return t
@@ -69,6 +70,7 @@ def test_build_batch_layout_and_turn_sums():
     assert arrays["turn_of_token"][0].tolist() == [-1, -1, -1, 0, 0, -1, -1, 1]
     assert arrays["value_index"].tolist() == [[2, 6, 0], [0, 0, 0]]
     assert arrays["turn_mask"].tolist() == [[1, 1, 0], [1, 0, 0]]
+    assert arrays["truncated"].tolist() == [[False, False, False], [True, False, False]]  # b's answer hit the budget
     assert arrays["valid"][1].tolist() == [True] * 4 + [False] * 4
     kl = np.arange(16, dtype=np.float64).reshape(2, 8)
     sums = batching.per_turn_sums(kl, arrays["turn_of_token"], arrays["sampled"], 3)
@@ -117,11 +119,11 @@ def test_micro_batches_give_the_full_batch_update(algorithm):
         assert np.isclose(float(results[0][0]["policy_loss"]), float(reference), atol=1e-6)
 
 
-def test_warmup_schedule_starts_moving_at_the_first_update():
+def test_warmup_schedule_and_no_warmup_moves_from_the_first_update():
     from rljax.learner import learning_rate_schedule
 
     warm = learning_rate_schedule(OptimConfig(1e-3, 4))
-    assert [float(warm(s)) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert [float(warm(s)) for s in range(6)] == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
     assert [float(learning_rate_schedule(OptimConfig(1e-3, 0))(s)) for s in range(3)] == pytest.approx([1e-3] * 3)
 
 

@@ -1,5 +1,5 @@
-"""Run in a subprocess with 8 simulated CPU devices: one PPO and one GRPO update on the (data 2, fsdp 4) mesh
-must give the loss and parameters of the same update on one device. Prints one JSON line."""
+"""Run in a subprocess with 8 simulated CPU devices: one PPO, one GRPO and one GRPO-with-LoRA update on the
+(data 2, fsdp 4) mesh must give the loss and parameters of the same update on one device. Prints one JSON line."""
 import json
 import sys
 
@@ -10,6 +10,7 @@ from flax import nnx
 
 from models.config import LlamaConfig
 from models.llama import Llama, LlamaValueModel
+from models.lora import LoraConfig, add_lora
 from models.sharding import batch_sharding, make_mesh, shard_model, use_mesh
 from rljax.learner import Learner, LossConfig, OptimConfig
 from tests.test_trainer import synthetic_batch
@@ -17,13 +18,17 @@ from tests.test_trainer import synthetic_batch
 assert jax.device_count() == 8, jax.device_count()
 
 
-def one_update(algorithm: str, mesh) -> tuple[float, list[np.ndarray]]:
+def one_update(algorithm: str, mesh, lora: bool = False) -> tuple[float, list[np.ndarray]]:
     cfg = LlamaConfig.preset("tiny", vocab_size=64, num_heads=4, num_kv_heads=4)
-    policy = shard_model(Llama(cfg, rngs=nnx.Rngs(0)), mesh)
+    policy = Llama(cfg, rngs=nnx.Rngs(0))
+    if lora:  # adapters on every projection; only they train
+        add_lora(policy, LoraConfig(("all",), 4, 8.0), seed=1)
+    policy = shard_model(policy, mesh)
     value = shard_model(LlamaValueModel(cfg, rngs=nnx.Rngs(1)), mesh) if algorithm == "ppo" else None
     # plain SGD at rate 1: the parameter change is the clipped gradient itself (AdamW's first step is ~lr * sign)
     learner = Learner(policy, LossConfig(algorithm, kl_coef=0.1, kl_in_loss=True),
                       OptimConfig(1.0, 0, optimizer="sgd"), 2, value)
+    initial = [np.asarray(x) for x in jax.tree.leaves(learner.policy_state.params)]
     with use_mesh(mesh):
         batch = {k: jax.device_put(v, batch_sharding(mesh, v.ndim, batch_size=v.shape[0]))
                  for k, v in synthetic_batch(8, 24, 64).items()}
@@ -31,16 +36,15 @@ def one_update(algorithm: str, mesh) -> tuple[float, list[np.ndarray]]:
         if value is not None:
             metrics.update(learner.update_value(batch))
     leaves = [np.asarray(x) for x in jax.tree.leaves(learner.policy_state.params)]
-    initial = [np.asarray(x) for x in jax.tree.leaves(nnx.state(Llama(cfg, rngs=nnx.Rngs(0))))]
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(leaves, initial)) > 1e-3  # the update moved
     return float(metrics["loss"]), leaves
 
 
 out = {}
-for algorithm in ("ppo", "grpo"):
-    single_loss, single = one_update(algorithm, make_mesh(devices=jax.devices()[:1]))
-    mesh_loss, sharded = one_update(algorithm, make_mesh(data=2, fsdp=4))
-    out[algorithm] = {"loss_single": single_loss, "loss_mesh": mesh_loss,
+for name, algorithm, lora in (("ppo", "ppo", False), ("grpo", "grpo", False), ("grpo_lora", "grpo", True)):
+    single_loss, single = one_update(algorithm, make_mesh(devices=jax.devices()[:1]), lora)
+    mesh_loss, sharded = one_update(algorithm, make_mesh(data=2, fsdp=4), lora)
+    out[name] = {"loss_single": single_loss, "loss_mesh": mesh_loss,
                       "max_param_diff": max(float(np.max(np.abs(a - b))) for a, b in zip(single, sharded))}
 print(json.dumps(out))
 sys.stdout.flush()

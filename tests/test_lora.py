@@ -102,7 +102,8 @@ def test_bad_lora_settings_fail_clearly(targets, rank, alpha, message):
 def _train(workdir: Path, steps: int, *overrides: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "rljax.cli", "train", "--config", str(REPO / "configs/rlef_tiny.py"),
            f"--config.workdir={workdir}", f"--config.total_steps={steps}", "--config.log.progress=False",
-           "--config.log.tensorboard=False", "--config.checkpoint.every=1", *overrides]
+           "--config.log.tensorboard=False", "--config.checkpoint.every=1", "--config.optim.warmup_steps=0",
+           *overrides]
     return subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"),
                           capture_output=True, text=True, timeout=600)
 

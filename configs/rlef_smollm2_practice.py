@@ -32,7 +32,9 @@ def get_config():
     c.algo.kl_beta = 0.0
     c.rollout.problems_per_step = 8
     c.rollout.samples_per_problem = 8
-    c.rollout.max_new_tokens = 160
+    # 128 tokens: the solved answers are shorter (the same per-step figures and held-out result as 160, 739 s
+    # instead of 904 s for the demo); cut answers without a complete code block score like no code
+    c.rollout.max_new_tokens = 128
     c.rollout.temperature = 0.7
     c.rollout.cache_capacity = 2048  # three answers with full feedback; decode reads only the filled window
     c.rollout.length_bucket = 64

@@ -55,10 +55,10 @@ class Trainer:
         self.mesh = build_mesh(config.mesh)
         policy, self.tokenizer = build_policy(config.model, self.mesh)
         shard_model(policy, self.mesh)
+        lora = lora_config_of(policy)
         value_model = None
         if config.algo.name == "ppo":
             value_model = LlamaValueModel(policy.config, rngs=nnx.Rngs(config.seed + 1))
-            lora = lora_config_of(policy)
             if lora is None:  # a critic of its own, initialised from the policy
                 nnx.update(value_model.backbone, jax.tree.map(jnp.copy, nnx.state(policy)))
             else:  # the policy's frozen base arrays themselves (shared memory) with adapters of its own
@@ -69,8 +69,7 @@ class Trainer:
                                value_model, optim_config(config.value_optim))
         # the frozen reference only matters when KL is weighted in (kl_beta 0: no copy, no scoring pass)
         self.ref_params = self.learner.reference_params() if config.algo.kl_beta else None
-        self.model_record = {"base": base_model_name(config.model),
-                             "lora": None if lora_config_of(policy) is None else lora_config_of(policy).as_dict()}
+        self.model_record = {"base": base_model_name(config.model), "lora": None if lora is None else lora.as_dict()}
         self.codec = build_codec(config, self.tokenizer)
         rows = load_rows(config.data)
         self.env = build_env(config.env, rows, data_source=config.data.source)
@@ -239,11 +238,14 @@ class Trainer:
             group_adv = adv.group_advantages(rewards, cfg.rollout.samples_per_problem, algo.group_eps,
                                              algo.scale_by_std, algo.group_baseline)
             extra["advantages"] = (group_adv[:, None] * sampled).astype(np.float32)
-        rows = {**arrays, **{k: np.asarray(v, np.float32) for k, v in extra.items()}}
+        extra = {k: np.asarray(v, np.float32) for k, v in extra.items()}
+        order = None
         if self.learner.skips_zero_advantage and cfg.train.micro_batches > 1:  # all-zero micro-batches are skipped
-            order = batching.informative_first(np.any(rows["advantages"] != 0, axis=1), cfg.train.micro_batches)
-            rows = {k: v[order] for k, v in rows.items()}
-        batch = self._place(rows)
+            order = batching.informative_first(np.any(extra["advantages"] != 0, axis=1), cfg.train.micro_batches)
+        if order is None or np.array_equal(order, np.arange(len(order))):  # rows stay: reuse what is placed
+            batch = {**(placed or self._place(arrays)), **self._place(extra)}
+        else:
+            batch = self._place({k: v[order] for k, v in {**arrays, **extra}.items()})
         for _ in range(algo.epochs):
             policy_metrics = self.learner.update_policy(batch)
             if algo.name == "ppo":

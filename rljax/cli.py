@@ -92,12 +92,30 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _mine(args: argparse.Namespace) -> int:
-    from rljax.data.mine import MineOptions, mine_repository, write_instances
+    from rljax.data.mine import MineOptions, mine_repository, split_by_date, write_instances
 
-    options = MineOptions(args.max_files, args.max_diff_lines, args.context_files, not args.all_changes)
-    instances, report = mine_repository(args.repo, options)
-    path = write_instances(instances, args.out)
-    print(f"{report.summary()}; wrote {path}")
+    if bool(args.split_date) != bool(args.test_out):
+        raise ValueError("rljax mine: --split-date and --test-out go together (instances on or after the date go "
+                         "to --test-out)")
+    if args.max_prompt_tokens and not args.tokenizer:
+        raise ValueError("rljax mine: --max-prompt-tokens needs --tokenizer (smollm2 or a checkpoint directory)")
+    options = MineOptions(args.max_files, args.max_diff_lines, args.context_files, not args.all_changes,
+                          args.context_pick, args.max_prompt_tokens)
+    counter = None
+    if args.max_prompt_tokens:
+        from rljax.dialog import ChatCodec
+        from rljax.envs.swerl import prompt_token_counter
+        from rljax.run_config import load_named_tokenizer
+
+        counter = prompt_token_counter(ChatCodec(load_named_tokenizer(args.tokenizer)))
+    instances, report = mine_repository(args.repo, options, counter)
+    if args.split_date:
+        train, test = split_by_date(instances, args.split_date)
+        paths = [write_instances(train, args.out), write_instances(test, args.test_out)]
+        print(f"{report.summary()}; wrote {len(train)} before {args.split_date} to {paths[0]} and {len(test)} "
+              f"from then on to {paths[1]}")
+    else:
+        print(f"{report.summary()}; wrote {write_instances(instances, args.out)}")
     return 0
 
 
@@ -246,7 +264,16 @@ def build_parser() -> argparse.ArgumentParser:
     mine.add_argument("--max-files", type=int, default=5, help="skip changes touching more files")
     mine.add_argument("--max-diff-lines", type=int, default=500, help="skip changes with more added+deleted lines")
     mine.add_argument("--context-files", type=int, default=2, help="unchanged files added to each instance")
+    mine.add_argument("--context-pick", choices=("imports", "directory"), default="imports",
+                      help="imports: modules the changed files import first, then their directories' files; "
+                           "directory: only the directories' files (by name)")
     mine.add_argument("--all-changes", action="store_true", help="keep changes that do not say they fix something")
+    mine.add_argument("--max-prompt-tokens", type=int, default=0,
+                      help="skip instances whose prompt (chat template included) is longer; context files are "
+                           "added only while it fits")
+    mine.add_argument("--tokenizer", default="", help="with --max-prompt-tokens: smollm2 or a checkpoint directory")
+    mine.add_argument("--split-date", default="", help="ISO date: instances from then on go to --test-out")
+    mine.add_argument("--test-out", default="", help="with --split-date: the held-out instances' JSON lines")
     mine.set_defaults(func=_mine)
     from rljax.demo import DEFAULT_EVAL_PROBLEMS, DEFAULT_STEPS
 

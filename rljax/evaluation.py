@@ -23,6 +23,7 @@ from models.sampler import Sampler, SamplingParams
 from models.sharding import use_mesh
 from rljax import eval as estimators
 from rljax.envs.base import ProblemError
+from rljax.problems import prompt_checked
 from rljax.rollout import RolloutRunner, Trajectory
 
 log = logging.getLogger("rljax.evaluation")
@@ -123,11 +124,12 @@ class Evaluator:
         env = config.env.copy_and_resolve_references()
         env.max_turns = e.max_turns or env.max_turns
         self.env = build_env(env, rows, data_source=e.source or config.data.source)
-        self.rows, self.skipped = usable_rows(rows, self.env.parse)
         self.codec = build_codec(config, tokenizer)
         self.sampling = SamplingParams(max_new_tokens=e.max_new_tokens or config.rollout.max_new_tokens,
                                        temperature=e.temperature, top_p=e.top_p,
                                        stop_ids=tuple(self.codec.stop_ids))
+        self.rows, self.skipped = usable_rows(rows, prompt_checked(self.env, self.codec, config.rollout.cache_capacity,
+                                                                   self.sampling.max_new_tokens))
         pad_id = tokenizer.pad_id if tokenizer is not None else int(self.codec.stop_ids[0])
         self.sampler = Sampler(policy, tokenizer, mesh=mesh, length_bucket=config.rollout.length_bucket,
                                pad_id=pad_id)

@@ -41,6 +41,23 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def prompt_checked(env: Any, codec: Any, capacity: int, max_new_tokens: int) -> Callable[[dict[str, Any]], Any]:
+    """`env.parse`, refusing (ProblemError, so the row is a counted skip) a problem whose first prompt plus one
+    answer of `max_new_tokens` does not fit a dialog's KV cache of `capacity` tokens."""
+    room = capacity - max_new_tokens
+
+    def parse(row: dict[str, Any]) -> Any:
+        problem = env.parse(row)
+        length = len(codec.prompt_ids(env.open(problem).messages))
+        if length > room:
+            name = row.get("name") or row.get("instance_id") or "?"
+            raise ProblemError(f"problem {name!r}: its prompt of {length} tokens plus an answer of {max_new_tokens} "
+                               f"does not fit rollout.cache_capacity {capacity}")
+        return problem
+
+    return parse
+
+
 class ProblemStream:
     """Batches of (row, parsed problem) from a grain pipeline, rows the environment refuses skipped and counted;
     `get_state`/`set_state` checkpoint its position."""

@@ -33,11 +33,14 @@ def base_config() -> ConfigDict:
     # remat: none | full | dots_saveable for the training passes ("" keeps the model's own)
     # lora: adapters on the comma-listed projections (q,k,v,o,gate,up,down or all; "" = full fine-tuning) with
     # rank and alpha (update scale alpha / rank); only the adapters train (models/lora.py)
+    # tokenizer: with a random preset, "smollm2" or a checkpoint directory whose tokenizer (and chat template)
+    # the run uses (the preset's vocab_size must hold it); checkpoints bring their own
     c.model = ConfigDict({"preset": "", "overrides": {}, "init_seed": 0, "checkpoint": "", "pretrained": "",
-                          "dtype": "", "architecture": "", "remat": "",
+                          "dtype": "", "architecture": "", "remat": "", "tokenizer": "",
                           "lora": {"targets": "", "rank": 16, "alpha": 32.0}})
     # source: toy | jsonl (path) | bundled (32 demo problems) | practice / practice_heldout (rljax.data.practice:
     # 320 training problems, 48 held-out ones of other task families) | humaneval | code_contests (path: shards)
+    # | swerl_practice / swerl_practice_heldout (SWE-RL instances mined from rljax.data.bugfix_repo: 32 / 16)
     c.data = ConfigDict({"source": "jsonl", "path": "", "toy_count": 10, "toy_digits": 1, "max_problems": 0,
                          "generated_as_private": False})
     c.env = ConfigDict({
@@ -67,7 +70,8 @@ def base_config() -> ConfigDict:
     c.train = ConfigDict({"micro_batches": 1, "seq_bucket": 64, "vocab_chunk": LossConfig.vocab_chunk})
     c.mesh = ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
     c.checkpoint = ConfigDict({"every": 50, "keep": 3, "async_save": True, "resume": "auto"})
-    c.log = ConfigDict({"tensorboard": True, "progress": True})
+    # samples_per_step: the first that many dialogs of each step go to WORKDIR/samples.jsonl (0: none)
+    c.log = ConfigDict({"tensorboard": True, "progress": True, "samples_per_step": 4})
     c.distributed = distributed_config()  # multi-host: see rljax.distributed.initialize
     # evaluation (rljax eval, the demo): source "" = the training data; n_at_k a comma list like "1@3,10@100";
     # max_turns 0 = env.max_turns (a run may train on one-answer dialogs and evaluate RLEF's 3-turn 1@3)
@@ -78,7 +82,8 @@ def base_config() -> ConfigDict:
     return c
 
 
-DATA_SOURCES = ("toy", "jsonl", "bundled", "practice", "practice_heldout", "humaneval", "code_contests")
+DATA_SOURCES = ("toy", "jsonl", "bundled", "practice", "practice_heldout", "humaneval", "code_contests",
+                "swerl_practice", "swerl_practice_heldout")
 CHOICES = {
     "algo.name": ALGORITHMS, "algo.aggregation": AGGREGATIONS, "algo.kl_estimator": KL_ESTIMATORS,
     "algo.kl_placement": KL_PLACEMENTS, "env.name": ("rlef", "swerl"), "env.feedback_mode": ("full", "none", "unrelated"),
@@ -92,6 +97,7 @@ POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_pro
             "rollout.cache_capacity", "rollout.length_bucket", "rollout.num_chunks", "train.micro_batches",
             "train.seq_bucket", "train.vocab_chunk", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs",
             "eval.samples_per_problem", "eval.batch_dialogs", "eval.bootstrap_resamples")
+NON_NEGATIVE = ("log.samples_per_step",)
 
 
 def _get(config: ConfigDict, dotted: str) -> Any:
@@ -115,6 +121,10 @@ def validate(config: ConfigDict) -> None:
         value = _get(config, key)
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"config.{key}: expected a positive integer, got {value!r}")
+    for key in NON_NEGATIVE:
+        value = _get(config, key)
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"config.{key}: expected an integer >= 0, got {value!r}")
     batch = config.rollout.problems_per_step * config.rollout.samples_per_problem
     if batch % config.train.micro_batches:
         raise ValueError(f"config.train.micro_batches: {config.train.micro_batches} does not divide the rollout "
@@ -222,6 +232,19 @@ def base_model_name(cfg: ConfigDict) -> str:
     return f"preset:{cfg.preset}:seed{cfg.init_seed}"
 
 
+def load_named_tokenizer(spec: str) -> Any:
+    """A tokenizer by name: "smollm2" (the bundled SmolLM2's) or an rljax checkpoint directory."""
+    from models.checkpoint import load_tokenizer
+
+    if spec == "smollm2":
+        from models.pretrained import smollm2_checkpoint
+
+        return load_tokenizer(smollm2_checkpoint())
+    if not Path(spec).is_dir():
+        raise ValueError(f"tokenizer {spec!r}: expected 'smollm2' or an rljax checkpoint directory")
+    return load_tokenizer(spec)
+
+
 def build_policy(cfg: ConfigDict, mesh: Any = None) -> tuple[Llama, Any]:
     """(model, tokenizer or None): a random preset, an rljax checkpoint, or the bundled SmolLM2, with fresh
     LoRA adapters when `cfg.lora` names targets."""
@@ -242,7 +265,14 @@ def _base_policy(cfg: ConfigDict, mesh: Any = None) -> tuple[Llama, Any]:
     from models.checkpoint import load_checkpoint, load_tokenizer, read_config
 
     if cfg.get("preset"):
-        return Llama(model_architecture(cfg), rngs=nnx.Rngs(cfg.init_seed)), None
+        arch = model_architecture(cfg)
+        tokenizer = load_named_tokenizer(cfg.tokenizer) if cfg.get("tokenizer") else None
+        if tokenizer is not None and tokenizer.vocab_size > arch.vocab_size:
+            raise ValueError(f"config.model.tokenizer: {cfg.tokenizer!r} has {tokenizer.vocab_size} tokens, more "
+                             f"than the preset's vocab_size {arch.vocab_size}; set model.overrides.vocab_size")
+        return Llama(arch, rngs=nnx.Rngs(cfg.init_seed)), tokenizer
+    if cfg.get("tokenizer"):
+        raise ValueError("config.model.tokenizer: only for a random preset (checkpoints bring their own)")
     path = cfg.checkpoint
     if cfg.get("pretrained"):
         if cfg.pretrained != "smollm2":
@@ -287,6 +317,10 @@ def load_rows(cfg: ConfigDict) -> list[dict[str, Any]]:
         from rljax.data import bundled_problems
 
         rows = bundled_problems()
+    elif cfg.source in ("swerl_practice", "swerl_practice_heldout"):
+        from rljax.data.bugfix_repo import shipped_instances
+
+        rows = shipped_instances("test" if cfg.source == "swerl_practice_heldout" else "train")
     elif cfg.source in ("practice", "practice_heldout"):
         from rljax.data.practice import practice_problems
 

@@ -26,9 +26,9 @@ from rljax import distributed
 from rljax import shaping
 from rljax.checkpointing import ResumeError, TrainCheckpointer
 from rljax.learner import Learner
-from rljax.metrics import MetricsWriter
+from rljax.metrics import MetricsWriter, SampleWriter
 from rljax.ppo import explained_variance
-from rljax.problems import ProblemStream
+from rljax.problems import ProblemStream, prompt_checked
 from rljax.rollout import RolloutRunner, RolloutStats, Trajectory
 from rljax.run_config import (base_model_name, build_codec, build_env, build_mesh, build_policy, load_rows,
                                loss_config, optim_config, validate)
@@ -73,8 +73,9 @@ class Trainer:
         self.codec = build_codec(config, self.tokenizer)
         rows = load_rows(config.data)
         self.env = build_env(config.env, rows, data_source=config.data.source)
-        self.stream = ProblemStream(rows, self.env.parse, config.seed)
         r = config.rollout
+        self.stream = ProblemStream(rows, prompt_checked(self.env, self.codec, r.cache_capacity, r.max_new_tokens),
+                                    config.seed)
         self.sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                        top_k=r.top_k, stop_ids=tuple(self.codec.stop_ids))
         pad_id = self.tokenizer.pad_id if self.tokenizer is not None else int(self.codec.stop_ids[0])
@@ -91,6 +92,8 @@ class Trainer:
         self._resume(c.resume)
         self.metrics = MetricsWriter(self.workdir, self.step_count, config.log.tensorboard,
                                      enabled=distributed.is_primary())
+        self.samples = SampleWriter(self.workdir, config.log.get("samples_per_step", 0), self.step_count,
+                                    enabled=distributed.is_primary())
 
     # ---- checkpoints ---------------------------------------------------------------------------------------------
     def _states(self) -> dict[str, Any]:
@@ -268,6 +271,7 @@ class Trainer:
             while self.step_count < self.config.total_steps:
                 out = self.step()
                 self.metrics.write(self.step_count, out.metrics)
+                self.samples.write(self.step_count, out.trajectories)
                 history.append({"step": self.step_count, **out.metrics})
                 self._save(force=self.step_count == self.config.total_steps)
                 bar.update(1)
@@ -321,6 +325,8 @@ def rollout_metrics(trajectories: list[Trajectory], stats: RolloutStats, max_tur
     if answers:  # what explains a reward change: answers without code, answers cut at the token budget
         out["answers/no_code_share"] = float(np.mean([status == "no_code" for status, _ in answers]))
         out["answers/truncated_share"] = float(np.mean([reason == FINISH_LENGTH for _, reason in answers]))
+        if any(status.startswith("malformed") or status in ("edited", "exact") for status, _ in answers):  # SWE-RL
+            out["answers/malformed_share"] = float(np.mean([status.startswith("malformed") for status, _ in answers]))
     out["rollout/executor_errors"] = stats.executor_errors
     out["rollout/context_full"] = stats.context_full
     out["rollout/dialogs"] = len(trajectories)

@@ -124,3 +124,50 @@ def test_end_early_makes_the_last_answer_final():
     episode = RLEFEnv().reset(SUM)
     episode.step(NO_CODE_ANSWER)
     assert episode.end_early("context_full").reward == -0.2
+
+
+def test_oracle_answer_reproduces_random_line_edits_exactly():
+    """Edits of repeated lines need context to be unique; overlapping blocks merge; only a file of blank lines
+    (before or after) may be impossible to write as search/replace blocks: every blank line matches."""
+    import random
+
+    from executor.swe_reward import compute_reward
+    from rljax.envs.swerl import oracle_answer
+
+    rng = random.Random(0)
+    solved = 0
+    for _ in range(400):
+        old = [rng.choice(["a", "b", "x = 1", "    return y", ""]) + "\n" for _ in range(rng.randint(1, 10))]
+        new = list(old)
+        for _ in range(rng.randint(1, 3)):
+            k = rng.randrange(len(new) + 1)
+            op = rng.random()
+            if op < 0.4 and new:
+                new[min(k, len(new) - 1)] = rng.choice(["z", "b", ""]) + "\n"
+            elif op < 0.7:
+                new.insert(k, rng.choice(["w", "a"]) + "\n")
+            elif new:
+                del new[min(k, len(new) - 1)]
+        before, after = "".join(old), "".join(new)
+        if before == after:
+            continue
+        instance = {"instance_id": "t", "code_context": {"f.py": before}, "oracle_new_content": {"f.py": after}}
+        try:
+            answer = oracle_answer(instance)
+        except ValueError as err:
+            assert "cannot be written" in str(err) and not (before.strip() and after.strip()), (before, after)
+            continue
+        reward, _ = compute_reward({"f.py": before}, {"f.py": after}, answer, "exact_match")
+        assert reward == 1.0, (before, after)
+        solved += 1
+    assert solved > 300
+
+
+def test_swerl_rows_without_oracle_change_or_with_invalid_text_are_refused():
+    env = SWERLEnv()
+    with pytest.raises(ProblemError, match="changes no file"):
+        env.parse(dict(INSTANCE, oracle_new_content=dict(INSTANCE["code_context"])))
+    with pytest.raises(ProblemError, match=r"code_context\['calc.py'\] is not valid UTF-8"):
+        env.parse(dict(INSTANCE, code_context={"calc.py": "x = '\udcff'\n"}))
+    with pytest.raises(ProblemError, match="problem_statement must be non-empty"):
+        env.parse(dict(INSTANCE, problem_statement="  "))

@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from rljax.cli import main
-from rljax.data.mine import GitError, MineOptions, mine_repository
+from rljax.data.mine import GitError, MineOptions, mine_repository, split_by_date
 from rljax.envs import SWERLEnv
 
 
@@ -94,3 +94,63 @@ def test_mine_cli_writes_jsonl_and_refuses_a_non_git_path(repo, tmp_path, capsys
     assert capsys.readouterr().err.strip() == f"rljax mine: error: {plain}: not a git repository"
     with pytest.raises(GitError, match="no such directory"):
         mine_repository(tmp_path / "missing")
+
+
+def test_context_files_follow_imports_then_the_directory(tmp_path):
+    repo = tmp_path / "pkg"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    _commit(repo, {"pkg/__init__.py": "", "pkg/a.py": "A = 1\n", "pkg/b.py": "B = 2\n", "lib/deep.py": "D = 3\n",
+                   "pkg/use.py": "from .b import B\nfrom lib import deep\n\n\ndef f():\n    return B\n"}, "Initial")
+    _commit(repo, {"pkg/use.py": "from .b import B\nfrom lib import deep\n\n\ndef f():\n    return B + 1\n"},
+            "Fix f off by one")
+    by_imports = mine_repository(repo, MineOptions(context_files=3))[0][0]
+    assert list(by_imports["code_context"]) == ["pkg/use.py", "pkg/b.py", "lib/deep.py", "pkg/__init__.py"]
+    by_directory = mine_repository(repo, MineOptions(context_files=3, context_pick="directory"))[0][0]
+    assert list(by_directory["code_context"]) == ["pkg/use.py", "pkg/__init__.py", "pkg/a.py", "pkg/b.py"]
+    with pytest.raises(ValueError, match="context_pick 'random'"):
+        MineOptions(context_pick="random")
+
+
+def test_token_budget_drops_context_files_first_then_the_instance(repo):
+    repo, _ = repo
+    count = lambda instance: sum(len(text) for text in instance["code_context"].values())  # noqa: E731
+    full = mine_repository(repo, MineOptions(context_files=1))[0][0]
+    assert count(full) == len("def add(a, b):\n    return a - b\n") + len("X = 1\n")
+    squeezed = mine_repository(repo, MineOptions(context_files=1, max_prompt_tokens=count(full) - 1), count)
+    assert list(squeezed[0][0]["code_context"]) == ["calc/ops.py"]
+    kept, report = mine_repository(repo, MineOptions(context_files=1, max_prompt_tokens=5), count)
+    assert [i["code_context"] for i in kept] == [{"calc/div.py": ""}]  # only the new file's instance fits
+    assert report.skipped["over_token_budget"] == 1
+    with pytest.raises(ValueError, match="needs a prompt_tokens counter"):
+        mine_repository(repo, MineOptions(max_prompt_tokens=5))
+
+
+def test_files_that_are_not_utf8_are_a_counted_skip(tmp_path):
+    repo = tmp_path / "latin"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    _commit(repo, {"m.py": "X = 1\n"}, "Initial")
+    (repo / "m.py").write_bytes("X = 'caf\u00e9'\n".encode("latin-1"))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "Fix the accent")
+    instances, report = mine_repository(repo)
+    assert instances == [] and report.skipped["not_utf8"] == 1 and "1 not_utf8" in report.summary()
+
+
+def test_split_by_date_and_the_cli(repo, tmp_path, capsys):
+    repo, _ = repo
+    later = tmp_path / "later.jsonl"
+    out = tmp_path / "early.jsonl"
+    assert main(["mine", "--repo", str(repo), "--out", str(out), "--split-date", "2026-01-01",
+                 "--test-out", str(later)]) == 0  # every commit of the fixture is dated 2026-01-01
+    assert out.read_text() == "" and len(later.read_text().splitlines()) == 2
+    assert "wrote 0 before 2026-01-01" in capsys.readouterr().out
+    instances = mine_repository(repo)[0]
+    assert split_by_date(instances, "2026-01-02") == (instances, [])
+    with pytest.raises(ValueError, match="split date 'soon': expected an ISO date"):
+        split_by_date(instances, "soon")
+    assert main(["mine", "--repo", str(repo), "--out", str(out), "--split-date", "2026-01-01"]) == 1
+    assert "--split-date and --test-out go together" in capsys.readouterr().err
+    assert main(["mine", "--repo", str(repo), "--out", str(out), "--max-prompt-tokens", "100"]) == 1
+    assert "needs --tokenizer" in capsys.readouterr().err

@@ -7,7 +7,8 @@ edits produce and the oracle patch ("similarity"), or 1/0 on exact match ("exact
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+import difflib
+from typing import Any, Callable, Mapping, Sequence
 
 from executor.swe_reward import VARIANTS, compute_reward
 from models.chat import Message
@@ -35,13 +36,91 @@ def render_prompt(issue: str, files: Mapping[str, str]) -> str:
            f"{shown}\n\n{INSTRUCTIONS}"
 
 
+def prompt_messages(instance: Mapping[str, Any]) -> list[Message]:
+    """The dialog an instance opens with: one user message."""
+    return [{"role": "user", "content": render_prompt(instance["problem_statement"], instance["code_context"])}]
+
+
+def prompt_token_counter(codec: Any) -> Callable[[Mapping[str, Any]], int]:
+    """instance -> the length in tokens of its prompt as a run sees it (the codec's chat template and
+    generation prompt included); `rljax mine --max-prompt-tokens` filters with it."""
+    return lambda instance: len(codec.prompt_ids(prompt_messages(instance)))
+
+
+def _block(path: str, search: Sequence[str], replace: Sequence[str]) -> str:
+    return (f"```python\n### {path}\n<<<<<<< SEARCH\n{''.join(search)[:-1]}\n=======\n{''.join(replace)[:-1]}\n"
+            ">>>>>>> REPLACE\n```")
+
+
+def _occurrences(text: str, part: str) -> int:
+    """How many times `part` occurs in `text`, overlapping ones included."""
+    count, start = 0, text.find(part)
+    while start >= 0:
+        count, start = count + 1, text.find(part, start + 1)
+    return count
+
+
+def _file_blocks(path: str, old: str, new: str, single: bool = False) -> list[str]:
+    """Search/replace blocks turning `old` into `new`: one per changed run of lines (`single`: one for all),
+    widened by whole lines of context until its search text is unique in the file and neither side is empty;
+    runs whose widened blocks overlap are merged."""
+    if not old:
+        return [_block(path, ["\n"], [new if new.endswith("\n") else new + "\n"])]
+    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    if not a[-1].endswith("\n") or not b or not b[-1].endswith("\n"):
+        a, b = [line if line.endswith("\n") else line + "\n" for line in a], [
+            line if line.endswith("\n") else line + "\n" for line in b]
+
+    def widen(i1: int, i2: int, j1: int, j2: int) -> tuple[int, int, int, int]:
+        while not (i2 > i1 and j2 > j1 and _occurrences("\n" + old, "\n" + "".join(a[i1:i2])[:-1]) == 1):
+            if i1 == 0 and i2 == len(a):
+                break
+            if i1 > 0:
+                i1, j1 = i1 - 1, j1 - 1
+            if i2 < len(a):
+                i2, j2 = i2 + 1, j2 + 1
+        return i1, i2, j1, j2
+
+    runs = [(i1, i2, j1, j2) for tag, i1, i2, j1, j2 in
+            difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if tag != "equal"]
+    if single and runs:
+        runs = [(runs[0][0], runs[-1][1], runs[0][2], runs[-1][3])]
+    hunks: list[tuple[int, int, int, int]] = []
+    for run in runs:
+        hunk = widen(*run)
+        while hunks and hunk[0] < hunks[-1][1]:  # overlaps the previous block: one block for both
+            previous = hunks.pop()
+            hunk = widen(previous[0], hunk[1], previous[2], hunk[3])
+        hunks.append(hunk)
+    return [_block(path, a[i1:i2], b[j1:j2]) for i1, i2, j1, j2 in hunks]
+
+
+def _answer(blocks: Sequence[str], thought: str) -> str:
+    return f"<think>\n{thought}\n</think>\n<solution>\n" + "\n".join(blocks) + "\n</solution>"
+
+
+def oracle_answer(instance: Mapping[str, Any], thought: str = "The issue points to the code changed below.") -> str:
+    """An answer in the paper's format whose edits reproduce the oracle patch exactly (reward 1.0 under both
+    variants): a scripted policy for end-to-end tests and a check that an instance is solvable. Raises
+    ValueError when no such answer exists (e.g. the oracle deletes a whole file)."""
+    context, oracle = dict(instance["code_context"]), dict(instance["oracle_new_content"])
+    changed = [path for path in sorted(oracle) if context.get(path, "") != oracle[path]]
+    for single in (False, True):  # one block per changed run; else one block per file
+        blocks = [block for path in changed for block in _file_blocks(path, context.get(path, ""), oracle[path],
+                                                                     single)]
+        answer = _answer(blocks, thought)
+        if blocks and compute_reward(context, oracle, answer, "exact_match")[0] == 1.0:
+            return answer
+    raise ValueError(f"SWE-RL instance {instance.get('instance_id')!r}: its oracle change cannot be written "
+                         "as search/replace edits that reproduce it exactly")
+
+
 class SWERLEpisode:
     def __init__(self, env: "SWERLEnv", instance: Mapping[str, Any]):
         self.env = env
         self.instance = instance
         self.turn = 0
-        self.messages: list[Message] = [{"role": "user", "content": render_prompt(
-            instance["problem_statement"], instance["code_context"])}]
+        self.messages: list[Message] = prompt_messages(instance)
 
     def step(self, answer: str) -> StepResult:
         if self.turn:
@@ -68,16 +147,28 @@ class SWERLEnv:
         self.reward_variant = reward_variant
 
     def parse(self, instance: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The instance itself, once its fields are checked."""
+        """The instance itself, once its fields are checked: file maps of str -> str in valid UTF-8, a
+        non-empty context, and an oracle that changes something."""
         require_fields(instance, ("instance_id", "problem_statement", "code_context", "oracle_new_content"), "SWE-RL")
+        name = instance["instance_id"]
+        if not isinstance(instance["problem_statement"], str) or not instance["problem_statement"].strip():
+            raise ProblemError(f"SWE-RL problem {name!r}: problem_statement must be non-empty text")
         for field in ("code_context", "oracle_new_content"):
             value = instance[field]
             if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
                                                          for k, v in value.items()):
-                raise ProblemError(f"SWE-RL problem {instance['instance_id']!r}: {field} must map paths to file "
-                                   "contents (str -> str)")
+                raise ProblemError(f"SWE-RL problem {name!r}: {field} must map paths to file contents (str -> str)")
+            for path, text in value.items():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as err:
+                    raise ProblemError(f"SWE-RL problem {name!r}: {field}[{path!r}] is not valid UTF-8 text "
+                                       f"({err.reason} at character {err.start})") from None
         if not instance["code_context"]:
-            raise ProblemError(f"SWE-RL problem {instance['instance_id']!r}: code_context is empty")
+            raise ProblemError(f"SWE-RL problem {name!r}: code_context is empty")
+        if not any(instance["code_context"].get(p, "") != new for p, new in instance["oracle_new_content"].items()):
+            raise ProblemError(f"SWE-RL problem {name!r}: oracle_new_content is empty or changes no file (nothing "
+                               "to compare an answer with)")
         return instance
 
     def open(self, instance: Mapping[str, Any]) -> SWERLEpisode:

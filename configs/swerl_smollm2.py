@@ -1,0 +1,50 @@
+"""SWE-RL with GRPO on SmolLM2-135M-Instruct, on one CPU host: the paper's prompt and reward on the SWE-RL
+practice instances (rljax.data.bugfix_repo: issues fixed in a small library's real git history, 32 train /
+16 held-out after the split date, prompts of 614-1115 tokens), evaluated on the held-out ones.
+
+As the paper (Wei et al. 2025): one answer per issue, reasoning in <think>, search/replace edits in
+<solution>, reward -1 when malformed else the difflib ratio of the produced patch to the merged one
+(env.reward_variant = "similarity"; "exact_match" is the paper's ablation), GRPO with advantage
+(r - mean) / std within each group, temperature 1.0.
+Changed for a 2-core CPU, and why:
+- groups of 8 (the paper: 16) over 2 issues per step: 16 answers of up to 256 tokens per step;
+- LoRA (rank 16 on every projection) instead of full fine-tuning: 56 MiB of trainable weights and optimizer
+  state instead of 1.5 GiB, with a learning rate for adapters (1e-4; the paper's 1e-6 is for full 70B weights);
+- kl_beta 0: no reference scoring pass (the paper keeps a KL term in the loss).
+"""
+from rljax.run_config import base_config
+
+
+def get_config():
+    c = base_config()
+    c.workdir = "runs/swerl_smollm2"
+    c.total_steps = 12
+    c.model.pretrained = "smollm2"
+    c.model.lora.targets = "all"
+    c.model.lora.rank = 16
+    c.model.lora.alpha = 32.0
+    c.data.source = "swerl_practice"
+    c.env.name = "swerl"
+    c.env.max_turns = 1
+    c.env.reward_variant = "similarity"
+    c.algo.name = "grpo"
+    c.algo.kl_beta = 0.0
+    c.rollout.problems_per_step = 2
+    c.rollout.samples_per_problem = 8
+    c.rollout.max_new_tokens = 256
+    c.rollout.temperature = 1.0
+    c.rollout.cache_capacity = 1408  # the longest shipped prompt (1115 tokens) and one answer
+    c.rollout.length_bucket = 64
+    c.rollout.num_chunks = 2
+    c.train.micro_batches = 2  # one group per micro-batch: a group whose answers all score the same is skipped
+    c.train.seq_bucket = 128
+    c.optim.learning_rate = 1e-4
+    c.optim.warmup_steps = 0
+    c.optim.weight_decay = 0.0
+    c.checkpoint.every = 4
+    c.log.samples_per_step = 16
+    c.eval.source = "swerl_practice_heldout"
+    c.eval.samples_per_problem = 4
+    c.eval.temperature = 1.0
+    c.eval.batch_dialogs = 16
+    return c

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rljax-installed
 SMOLLM2_CKPT ?= $(HOME)/.cache/rljax/smollm2-135m-instruct
 
-.PHONY: test demo install clean
+.PHONY: test demo demo-swerl install clean
 
 $(STAMP): setup.py
 	python3 -m venv $(VENV)
@@ -21,6 +21,9 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/rljax demo
+
+demo-swerl: $(STAMP)
+	$(VENV)/bin/rljax demo --task swerl
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -36,7 +36,7 @@ def get_config():
     c.rollout.cache_capacity = 1408  # the longest shipped prompt (1115 tokens) and one answer
     c.rollout.length_bucket = 64
     c.rollout.num_chunks = 2
-    c.train.micro_batches = 2  # one group per micro-batch: a group whose answers all score the same is skipped
+    c.train.micro_batches = 16  # one answer per micro-batch (~1k tokens: activations ~2 GiB); zero-advantage ones are skipped
     c.train.seq_bucket = 128
     c.optim.learning_rate = 1e-4
     c.optim.warmup_steps = 0

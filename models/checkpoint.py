@@ -163,6 +163,29 @@ def convert_checkpoint_to_hf(ckpt_dir: str | Path, out: str | Path, max_shard_by
     return written
 
 
-__all__ = ["CheckpointError", "WeightsError", "convert_checkpoint_to_hf",
+def export_model(model: Llama, out: str | Path, tokenizer: Tokenizer | None = None, hf: bool = False) -> Path:
+    """Write a live model (LoRA adapters merged into the weights, in place) as an rljax checkpoint at `out`, or
+    with `hf` as a transformers-loadable directory (through an rljax checkpoint in a temporary directory)."""
+    import tempfile
+
+    from models.lora import merge_lora
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise CheckpointError(f"{out}: already exists and is not empty; choose a new --out directory")
+    merge_lora(model)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    expected = jax.tree.structure(nnx.to_pure_dict(abstract_model(model.config)[1]))
+    if jax.tree.structure(params) != expected:
+        raise CheckpointError("export_model: the model's parameters do not form a plain Llama's tree")
+    params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params)
+    if not hf:
+        return save_params(out, model.config, params, tokenizer)
+    with tempfile.TemporaryDirectory() as tmp:
+        convert_checkpoint_to_hf(save_params(Path(tmp) / "ckpt", model.config, params, tokenizer), out)
+    return out
+
+
+__all__ = ["CheckpointError", "WeightsError", "convert_checkpoint_to_hf", "export_model",
            "convert_gguf_to_checkpoint", "convert_hf_to_checkpoint", "from_hf", "load_checkpoint",
            "load_tokenizer", "model_from_params", "read_params", "save_params"]

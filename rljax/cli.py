@@ -1,4 +1,4 @@
-"""The `rljax` command: convert, generate, train, eval, plot, demo (and mine)."""
+"""The `rljax` command: convert, generate, train, eval, export, plan, plot, demo (and mine)."""
 from __future__ import annotations
 
 import argparse
@@ -76,9 +76,10 @@ def _demo(args: argparse.Namespace) -> int:
     from rljax.demo import format_summary, run_demo
 
     _log_to_console()
-    summary = run_demo(args.workdir, args.steps, args.eval_problems, progress=not args.quiet,
+    workdir = args.workdir or ("runs/demo" if args.task == "rlef" else f"runs/demo_{args.task}")
+    summary = run_demo(workdir, args.steps, args.eval_problems, progress=not args.quiet,
                        max_new_tokens=args.max_new_tokens, dialogs_per_step=args.dialogs_per_step,
-                       eval_samples=args.eval_samples)
+                       eval_samples=args.eval_samples, task=args.task)
     print(format_summary(summary))
     return 0
 
@@ -224,7 +225,29 @@ def _plan(argv: Sequence[str]) -> int:
     return 0 if plan.fits else 2
 
 
-CONFIG_COMMANDS = {"train": _train, "eval": _eval, "plan": _plan}  # their flags belong to ml_collections' config_flags
+def _export(argv: Sequence[str]) -> int:
+    """A run's trained policy (the workdir's latest checkpoint; LoRA adapters merged into the weights) as an
+    rljax model checkpoint, or with --hf as a transformers directory."""
+    from models.checkpoint import export_model
+    from rljax.trainer import Trainer
+
+    parser = argparse.ArgumentParser(prog="rljax export")
+    parser.add_argument("--out", required=True, help="a new directory")
+    parser.add_argument("--hf", action="store_true", help="write transformers' format (config.json, safetensors)")
+    args, rest = parser.parse_known_args(argv)
+    config = parse_run_config(rest)
+    config.checkpoint.resume = "require"
+    config.log.tensorboard = False
+    trainer = Trainer(config)
+    try:
+        path = export_model(trainer.learner.policy_model(), args.out, trainer.tokenizer, hf=args.hf)
+    finally:
+        trainer.close()
+    print(f"wrote the step-{trainer.step_count} policy of {config.workdir} to {path}")
+    return 0
+
+
+CONFIG_COMMANDS = {"train": _train, "eval": _eval, "plan": _plan, "export": _export}  # their flags belong to ml_collections' config_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "[--config.eval.key=value ...]")
     sub.add_parser("plan", help="per-device memory of a run on a pod slice: rljax plan --config configs/NAME.py "
                                 "--topology v5p-128 [--xla]")
+    sub.add_parser("export", help="a run's trained policy (LoRA merged) as a checkpoint: rljax export --config "
+                                  "configs/NAME.py --out DIR [--hf]")
     plot = sub.add_parser("plot", help="PNG plots of a run's metrics and evaluations")
     plot.add_argument("workdir")
     plot.add_argument("--out", default=None, help="directory for the PNGs (default WORKDIR/plots)")
@@ -275,14 +300,18 @@ def build_parser() -> argparse.ArgumentParser:
     mine.add_argument("--split-date", default="", help="ISO date: instances from then on go to --test-out")
     mine.add_argument("--test-out", default="", help="with --split-date: the held-out instances' JSON lines")
     mine.set_defaults(func=_mine)
-    from rljax.demo import DEFAULT_EVAL_PROBLEMS, DEFAULT_STEPS
+    from rljax.demo import TASKS
 
-    demo = sub.add_parser("demo", help="SmolLM2-135M-Instruct learns stdin/stdout problems (RLEF dialogs, GRPO): "
-                                       "evaluate on held-out problems, train, evaluate, plot (no download)")
-    demo.add_argument("--workdir", default="runs/demo")
-    demo.add_argument("--steps", type=int, default=DEFAULT_STEPS)
-    demo.add_argument("--eval-problems", type=int, default=DEFAULT_EVAL_PROBLEMS,
-                      help="held-out problems (0: all 48)")
+    demo = sub.add_parser("demo", help="SmolLM2-135M-Instruct learns on this machine: evaluate on held-out problems, "
+                                       "train, evaluate, plot (no download); --task rlef (stdin/stdout problems, "
+                                       "the default) or swerl (issues of a small library)")
+    demo.add_argument("--task", choices=sorted(TASKS), default="rlef")
+    demo.add_argument("--workdir", default="")
+    demo.add_argument("--steps", type=int, default=None, help="training steps (default: the task's, " + ", ".join(
+        f"{k} {t.steps}" for k, t in TASKS.items()) + ")")
+    demo.add_argument("--eval-problems", type=int, default=None,
+                      help="held-out problems (0: all; default: the task's, " + ", ".join(
+                          f"{k} {t.eval_problems}" for k, t in TASKS.items()) + ")")
     demo.add_argument("--eval-samples", type=int, default=0,
                       help="dialogs per held-out problem (default: the config's)")
     demo.add_argument("--max-new-tokens", type=int, default=0, help="answer length cap (default: the config's)")

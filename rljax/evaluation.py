@@ -67,7 +67,7 @@ def rlef_metrics(records: Sequence[dict[str, Any]], specs: Sequence[str], max_tu
 
 def paired_difference(before: dict[str, Any], after: dict[str, Any], metric: str = "1@3", resamples: int = 2000,
                       seed: int = 0) -> dict[str, float]:
-    """after - before of an n@k metric over the problems both reports scored, with a bootstrap 95% interval
+    """after - before of a per-problem metric (an n@k, or SWE-RL's reward/mean) over the problems both reports scored, with a bootstrap 95% interval
     that resamples problems (each keeps its own pair), so problem difficulty cancels out of the interval."""
     first, second = before["metrics"]["per_problem"][metric], after["metrics"]["per_problem"][metric]
     common = [p for p in first if p in second]
@@ -83,14 +83,18 @@ def swerl_metrics(records: Sequence[dict[str, Any]], resamples: int = 2000, seed
     for r in records:
         by_problem[r["problem"]].append(r)
 
-    def per_problem(value) -> dict[str, float]:
-        return estimators.estimate([float(np.mean([value(d) for d in ds])) for ds in by_problem.values()],
-                                   resamples, seed).as_dict()
-
-    return {"problems": len(by_problem), "dialogs": len(records),
-            "reward/mean": per_problem(lambda d: d["reward"]),
-            "malformed_fraction": per_problem(lambda d: d["statuses"][-1].startswith("malformed")),
-            "exact_match_rate": per_problem(lambda d: d["statuses"][-1] == "exact")}
+    measures = {"reward/mean": lambda d: d["reward"],
+                "malformed_fraction": lambda d: d["statuses"][-1].startswith("malformed"),
+                "exact_match_rate": lambda d: d["statuses"][-1] == "exact"}
+    out: dict[str, Any] = {"problems": len(by_problem), "dialogs": len(records)}
+    per_problem_values: dict[str, dict[str, float]] = {}
+    for name, measure in measures.items():
+        values = {p: float(np.mean([measure(d) for d in ds])) for p, ds in by_problem.items()}
+        out[name] = estimators.estimate(list(values.values()), resamples, seed).as_dict()
+        per_problem_values[name] = values
+    out["status"] = dict(collections.Counter(r["statuses"][-1] if r["statuses"] else "none" for r in records))
+    out["per_problem"] = per_problem_values  # for paired comparisons of two runs on the same problems
+    return out
 
 
 def usable_rows(rows: Sequence[dict[str, Any]], parse: Callable[[dict[str, Any]], Any]

@@ -1,7 +1,10 @@
 """Will a run config fit a pod slice? Per-chip memory of every resident copy and of each phase's peak.
 
 Resident for the whole run: the policy (params + AdamW's two moments), the frozen reference policy (unless KL
-is weighted 0), and for PPO the value model (params + moments). On top of that, at different times:
+is weighted 0), and for PPO the value model (params + moments). With LoRA (`model.lora`): the frozen base, the
+adapters and AdamW moments of the adapters only; no reference copy (the reference is the base with the adapters
+off); a PPO value model that shares the base and adds its own adapters and head. On top of that, at different
+times:
 - rollout: the KV cache of every dialog of the step (each rollout chunk keeps its cache between turns) and the
   prefill's attention scores for one chunk;
 - update: the gradients (plus an accumulator with several micro-batches), the training batch, the activations
@@ -26,8 +29,9 @@ from ml_collections import ConfigDict
 
 from models.config import LlamaConfig
 from models.llama import Llama, LlamaValueModel, query_block_count
+from models.lora import LoraParam
 from models.sharding import DEFAULT_RULES, MESH_AXES, is_variable, logical_to_spec, mesh_shape
-from rljax.run_config import loss_config, model_architecture, optim_config
+from rljax.run_config import lora_config, loss_config, model_architecture, optim_config
 
 GIB = 2**30
 # fp32 [chunk tokens, vocab] buffers live at once in one chunk of the chunked log-softmax and its gradient
@@ -155,13 +159,28 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
     dialogs = r.problems_per_step * r.samples_per_problem
     ppo = config.algo.name == "ppo"
 
+    moments = {"adamw": 2, "sgd": 0}[config.optim.get("optimizer", "adamw")]
+    value_moments = {"adamw": 2, "sgd": 0}[config.value_optim.get("optimizer", "adamw")]
+    lora = lora_config(config.model)
     policy = _shard_bytes(nnx.state(nnx.eval_shape(lambda: Llama(arch, rngs=nnx.Rngs(0)))), sizes)
     value = _shard_bytes(nnx.state(nnx.eval_shape(lambda: LlamaValueModel(arch, rngs=nnx.Rngs(0)))), sizes)
-    comp = {"policy params": policy, "policy AdamW moments": 2 * policy}
-    if config.algo.kl_beta:  # the trainer keeps no reference copy when KL is weighted 0
-        comp["reference params"] = policy
-    if ppo:
-        comp.update({"value params": value, "value AdamW moments": 2 * value})
+    if lora is None:
+        trained, value_trained = policy, value
+        comp = {"policy params": policy, "policy AdamW moments": moments * policy}
+        if config.algo.kl_beta:  # the trainer keeps no reference copy when KL is weighted 0
+            comp["reference params"] = policy
+        if ppo:
+            comp.update({"value params": value, "value AdamW moments": value_moments * value})
+    else:
+        from models.lora import add_lora
+
+        adapters = _shard_bytes(nnx.state(nnx.eval_shape(lambda: add_lora(Llama(arch, rngs=nnx.Rngs(0)), lora)),
+                                          LoraParam), sizes)
+        head = value - policy  # the value model's scalar head (and anything else it adds to the backbone)
+        trained, value_trained = adapters, adapters + head
+        comp = {"policy params": policy + adapters, "policy AdamW moments": moments * adapters}
+        if ppo:  # the value model's own adapters and head on the policy's frozen base arrays
+            comp.update({"value params": value_trained, "value AdamW moments": value_moments * value_trained})
 
     a = _itemsize(arch.dtype)
     kv_dev = _split(arch.num_kv_heads, tensor)
@@ -176,7 +195,7 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
 
     rows_dev = _split(dialogs // config.train.micro_batches, batch_ways)
     length = r.cache_capacity
-    grads = value if ppo else policy
+    grads = value_trained if ppo else trained
     comp["gradients (accumulator + micro-batch)"] = grads * (1 if config.train.micro_batches == 1 else 2)
     batch = train_batch_shapes(dialogs, length, config.env.max_turns)
     comp["training batch"] = sum(x.size * x.dtype.itemsize for x in batch.values()) // (
@@ -195,6 +214,9 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
         f"update: {config.train.micro_batches} micro-batches of {dialogs // config.train.micro_batches} dialogs "
         f"at the full {length}-token context, remat={arch.remat}, params {arch.param_dtype}, compute {arch.dtype}",
         f"fits when the peak is at most {FIT_FRACTION:.0%} of {topology.hbm_bytes / GIB:g} GiB"]
+    if lora is not None:
+        assumptions.append(f"LoRA rank {lora.rank} on {', '.join(lora.targets)}: only the adapters "
+                           f"({trained / GIB:.3f} GiB per device) train; no reference copy")
     return MemoryPlan(topology, sizes, comp, ["KV cache (all dialogs)", "prefill attention (one chunk)"],
                       ["gradients (accumulator + micro-batch)", "training batch", "activations (one micro-batch)",
                        "log-softmax chunk + fp32 head gradient"],
@@ -215,11 +237,16 @@ def format_plan(plan: MemoryPlan, title: str = "") -> str:
 
 
 def xla_update_memory(config: ConfigDict) -> dict[str, int]:
-    """XLA's memory analysis of the policy update step (one device, full context, compiled, never run)."""
+    """XLA's memory analysis of the policy update step (one device, full context, compiled, never run); with
+    LoRA its arguments are the adapters, their moments and the frozen base."""
     from rljax.learner import Learner
 
+    from models.lora import add_lora
+
     arch = model_architecture(config.model)
-    policy = nnx.eval_shape(lambda: Llama(arch, rngs=nnx.Rngs(0)))
+    lora = lora_config(config.model)
+    policy = nnx.eval_shape(lambda: Llama(arch, rngs=nnx.Rngs(0)) if lora is None else
+                            add_lora(Llama(arch, rngs=nnx.Rngs(0)), lora))
     value = nnx.eval_shape(lambda: LlamaValueModel(arch, rngs=nnx.Rngs(0))) if config.algo.name == "ppo" else None
     learner = Learner(policy, loss_config(config), optim_config(config.optim), config.train.micro_batches, value)
     r = config.rollout

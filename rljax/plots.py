@@ -1,7 +1,8 @@
 """PNG plots of a run: what a researcher looks at first (`rljax plot WORKDIR`).
 
 From WORKDIR/metrics.jsonl: reward and solve rate over steps, solve rate by turn, KL to the reference and
-entropy, the shares of answers without code and of answers cut at the token budget, answer length. From
+entropy, the shares of answers without code (RLEF) or malformed (SWE-RL) and of answers cut at the token budget,
+answer length. From
 WORKDIR/eval/*.json (evaluation reports): the turn-count histogram of the dialogs and the eval
 estimates with their 95% intervals, one bar group per report.
 """
@@ -106,8 +107,9 @@ def plot_run(workdir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         _line_plot(rows, turn_keys, "solve rate by turn", out / "solve_rate_by_turn.png"),
         _line_plot(rows, ["kl/ref_per_token", "entropy/sampled"], "KL to reference and entropy (per token)",
                    out / "kl_entropy.png"),
-        _line_plot(rows, ["answers/no_code_share", "answers/truncated_share"],
-                   "share of answers without valid code / cut at the token budget", out / "answer_shares.png"),
+        _line_plot(rows, ["answers/no_code_share", "answers/malformed_share", "answers/truncated_share"],
+                   "share of answers without valid code (RLEF) or malformed (SWE-RL) / cut at the budget",
+                   out / "answer_shares.png"),
         _line_plot(rows, ["response_length/mean"], "answer length (tokens)", out / "answer_length.png"),
         _turn_histogram(reports, out / "turn_histogram.png"),
         _eval_estimates(reports, out / "eval.png"),

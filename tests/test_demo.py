@@ -43,3 +43,30 @@ def test_reduced_demo_writes_metrics_eval_reports_plots_and_summary(tmp_path):
     for name in PLOTS:
         assert (workdir / "plots" / f"{name}.png").stat().st_size > 1000, name
     assert summary["plots"] == [str(workdir / "plots" / f"{name}.png") for name in PLOTS]
+
+
+def test_reduced_swerl_demo_evaluates_trains_and_compares_the_same_issues(tmp_path):
+    workdir = tmp_path / "demo_swerl"
+    cmd = [sys.executable, "-m", "rljax.cli", "demo", "--task", "swerl", "--workdir", str(workdir), "--steps", "1",
+           "--eval-problems", "2", "--eval-samples", "1", "--max-new-tokens", "16", "--dialogs-per-step", "4",
+           "--quiet"]
+    proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((workdir / "demo_summary.json").read_text())
+    assert (summary["task"], summary["metric"], summary["steps"], summary["eval_problems"]) == (
+        "swerl", "reward/mean", 1, 2)
+    assert proc.stdout.rstrip().splitlines()[-1] == summary["result"]
+    assert summary["result"].startswith("held-out reward/mean ") and summary["result"].endswith("over 2 issues")
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["rollout/dialogs"] == 4 and "answers/malformed_share" in rows[0]
+    before, after = (json.loads((workdir / "eval" / name).read_text())["metrics"]
+                     for name in ("step0000_before.json", "step0001_after.json"))
+    for report in (before, after):
+        assert set(report["per_problem"]["reward/mean"]) == set(before["per_problem"]["reward/mean"])
+        assert -1.0 <= report["reward/mean"]["value"] <= 1.0
+        assert 0.0 <= report["malformed_fraction"]["value"] <= 1.0
+    diff = summary["reward/mean_paired_difference"]
+    expected = [after["per_problem"]["reward/mean"][p] - v for p, v in before["per_problem"]["reward/mean"].items()]
+    assert abs(diff["value"] - sum(expected) / len(expected)) < 1e-9
+    assert (workdir / "plots" / "answer_shares.png").stat().st_size > 1000

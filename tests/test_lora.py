@@ -123,6 +123,40 @@ def test_ppo_with_lora_shares_the_base_and_resumes_only_onto_its_model(tmp_path)
     assert "its weights are for model" in line and "'gate'" in line, line
     bad = _train(tmp_path / "bad", 1, "--config.model.lora.targets=q,attn")
     assert bad.returncode != 0 and "config.model.lora: LoRA targets ['q', 'attn']" in bad.stderr
+    _export_matches_the_adapted_policy(tmp_path)
+
+
+def _export_matches_the_adapted_policy(workdir: Path) -> None:
+    """`rljax export --hf` of the trained run: transformers loads the merged weights and its logits equal the
+    run's adapted policy (adapter path) to fp32 rounding; the adapters are not zero, so the merge matters."""
+    import importlib
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from rljax.cli import main
+    from rljax.trainer import Trainer
+
+    flags = ["--config", str(REPO / "configs/rlef_tiny.py"), f"--config.workdir={workdir}",
+             "--config.model.lora.targets=q,v,gate", "--config.model.lora.rank=4"]
+    assert main(["export", *flags, "--out", str(workdir / "hf"), "--hf"]) == 0
+    assert main(["export", *flags, "--out", str(workdir / "hf")]) == 1  # never over an existing directory
+    config = importlib.import_module("configs.rlef_tiny").get_config()
+    config.workdir, config.checkpoint.resume, config.log.tensorboard = str(workdir), "require", False
+    config.model.lora.targets, config.model.lora.rank = "q,v,gate", 4
+    trainer = Trainer(config)
+    try:
+        policy = trainer.learner.policy_model()
+        assert any(float(jnp.abs(p[...]).max()) > 0 for path, p in nnx.iter_graph(policy)
+                   if isinstance(p, LoraParam) and path[-1].endswith("_b"))
+        tokens = np.random.RandomState(0).randint(0, 14, (2, 10))
+        ours = np.asarray(policy(jnp.asarray(tokens))[0])
+    finally:
+        trainer.close()
+    hf = LlamaForCausalLM.from_pretrained(workdir / "hf").eval()
+    with torch.no_grad():
+        theirs = hf(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=1e-4)
 
 
 def test_ppo_critic_shares_the_policy_base_arrays():

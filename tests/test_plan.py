@@ -61,12 +61,33 @@ def test_planner_refuses_what_does_not_fit(capsys):
     assert main(["plan", "--config", "configs/rlef_llama3_1_8b.py", "--topology", "v5p-64"]) == 0
 
 
-@pytest.mark.parametrize("module,remat", [(rlef_tiny, ""), (grpo_tiny, ""), (rlef_smollm2, ""),
-                                          (rlef_smollm2, "full")])
-def test_estimate_within_25_percent_of_xla_memory_analysis(module, remat):
+@pytest.mark.parametrize("module,remat,lora", [(rlef_tiny, "", ""), (grpo_tiny, "", ""), (rlef_smollm2, "", ""),
+                                               (rlef_smollm2, "full", ""), (grpo_tiny, "", "all"),
+                                               (rlef_smollm2, "", "q,v")])
+def test_estimate_within_25_percent_of_xla_memory_analysis(module, remat, lora):
     config = module.get_config()
     config.model.remat = remat
+    config.model.lora.targets = lora
     measured = xla_update_memory(config)
     planned = planned_update(plan_memory(config, parse_topology(devices=1, hbm_gib=64)))
     for key, value in planned.items():
         assert 0.75 <= value / measured[key] <= 1.25, (key, value, measured[key])
+
+
+def test_lora_plans_count_only_the_adapters_as_trained():
+    full = rlef_llama3_1_8b.get_config()
+    adapted = rlef_llama3_1_8b.get_config()
+    adapted.model.lora.targets, adapted.model.lora.rank = "all", 16
+    topology = parse_topology("v5p-64")
+    a, b = plan_memory(full, topology).components, plan_memory(adapted, topology).components
+    adapters = b["policy params"] - a["policy params"]
+    # rank 16 on q,k,v,o,gate,up,down of 32 layers, bf16. A [In, r] and B [r, Out] keep their weight's axes: an
+    # "embed" axis is split over the 32 fsdp chips (A of q,k,v,gate,up; B of o,down), the others ("heads",
+    # "mlp": tensor, 1 here) are replicated
+    split, whole = 16 * 4096 * 7, 16 * (4096 + 14336 + 4096 + 2 * 1024 + 2 * 14336)
+    assert adapters == 32 * (split // 32 + whole) * 2
+    assert b["policy AdamW moments"] == 2 * adapters and "reference params" not in b
+    # the value model shares the frozen base: its own adapters and scalar head only
+    assert b["value params"] == adapters + a["value params"] - a["policy params"]
+    assert b["value AdamW moments"] == 2 * b["value params"]
+    assert b["gradients (accumulator + micro-batch)"] == 2 * b["value params"]  # PPO: the value update's, 2 micro

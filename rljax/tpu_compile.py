@@ -1,0 +1,324 @@
+"""Compile a run's device programs for a TPU slice on a host without TPUs (`rljax plan --tpu-compile`).
+
+libtpu describes a slice's chips without the hardware (`jax.experimental.topologies.get_topology_desc`); a mesh
+over those devices and `jit(...).lower(abstract arguments with their shardings).compile()` run the TPU compiler
+here. Nothing is materialised: the model, optimizer state, KV cache and batch are ShapeDtypeStructs. Shardings
+the code does not state (per-layer weight copies, the sampler state) are read from the compiled producer's
+`output_shardings`, as the compiler lays them out in a real run; optimizer moments follow their parameters.
+
+Phases compiled: the policy update, the value update (PPO), the scoring pass, the sampler's per-layer weight
+copy, prefill and decode loop. For each, the compiler's memory analysis (per chip) and cost analysis (flops,
+bytes accessed per chip) are reported; a roofline step time is max(flops / peak, bytes / bandwidth) with the
+chip figures in `CHIPS`: an estimate (a lower bound on time, hence upper bounds on tokens/s and MFU), not a
+measurement.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+from ml_collections import ConfigDict
+
+from models.llama import KVCache, Llama, LlamaValueModel
+from models.lora import add_lora
+from models.sharding import DEFAULT_RULES, batch_sharding, is_variable, make_mesh, state_shardings, use_mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipSpec:
+    peak_bf16_flops: float  # dense bf16 FLOP/s per chip
+    hbm_bytes_per_s: float
+    source: str
+
+
+# Google Cloud TPU documentation, "System architecture" pages of each version (per chip).
+CHIPS = {
+    "v4": ChipSpec(275e12, 1228e9, "https://cloud.google.com/tpu/docs/v4"),
+    "v5e": ChipSpec(197e12, 819e9, "https://cloud.google.com/tpu/docs/v5e"),
+    "v5litepod": ChipSpec(197e12, 819e9, "https://cloud.google.com/tpu/docs/v5e"),
+    "v5p": ChipSpec(459e12, 2765e9, "https://cloud.google.com/tpu/docs/v5p"),
+    "v6e": ChipSpec(918e12, 1640e9, "https://cloud.google.com/tpu/docs/v6e"),
+}
+# chips -> torus shape: v4 / v5p slices are 3-D (names count TensorCores, two per chip), v5e / v6e 2-D
+_SHAPES_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
+              512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"}
+_SHAPES_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+
+
+class TpuCompileError(ValueError):
+    """The slice cannot be described or a program does not compile for it."""
+
+
+def libtpu_topology(name: str) -> tuple[str, ChipSpec]:
+    """'v5p-64' -> ('v5p:2x4x4', chip figures): the planner's slice names mapped to libtpu's topology names."""
+    from rljax.plan import parse_topology
+
+    family = name.strip().lower().split("-")[0]
+    if family not in CHIPS:
+        raise TpuCompileError(f"topology {name!r}: --tpu-compile needs a TPU slice ({', '.join(sorted(CHIPS))}), "
+                              "e.g. v5p-64")
+    chips = parse_topology(name).devices
+    shapes = _SHAPES_3D if family in ("v4", "v5p") else _SHAPES_2D
+    if chips not in shapes:
+        raise TpuCompileError(f"topology {name!r}: {chips} chips is not a slice shape libtpu knows "
+                              f"(chips: {sorted(shapes)})")
+    return f"{'v5e' if family == 'v5litepod' else family}:{shapes[chips]}", CHIPS[family]
+
+
+def topology_devices(name: str) -> tuple[list[Any], ChipSpec]:
+    """The slice's devices as the TPU compiler sees them (no hardware needed); needs the libtpu wheel."""
+    libtpu_name, chip = libtpu_topology(name)
+    if importlib.util.find_spec("libtpu") is None:
+        raise TpuCompileError("the TPU compiler (libtpu) is not installed: pip install -e '.[tpu-compile]'")
+    from jax.experimental import topologies
+
+    try:
+        description = topologies.get_topology_desc(platform="tpu", topology_name=libtpu_name)
+    except Exception as err:  # libtpu raises RuntimeError/XlaRuntimeError with long texts
+        raise TpuCompileError(f"libtpu cannot describe {libtpu_name}: {_first_line(err)}") from None
+    return list(description.devices), chip
+
+
+def _first_line(err: Exception) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return (lines[0] if lines else type(err).__name__)[:300]
+
+
+@dataclasses.dataclass
+class Phase:
+    name: str
+    arguments: int  # bytes per chip
+    outputs: int
+    aliased: int
+    temporaries: int
+    flops: float  # per chip
+    bytes_accessed: float
+
+    @property
+    def total(self) -> int:
+        """Bytes the program needs at once on a chip: its arguments, outputs not written over a donated
+        argument, and its temporaries."""
+        return self.arguments + self.outputs - self.aliased + self.temporaries
+
+    def roofline_s(self, chip: ChipSpec) -> float:
+        return max(self.flops / chip.peak_bf16_flops, self.bytes_accessed / chip.hbm_bytes_per_s)
+
+
+def _phase(name: str, compiled: Any) -> Phase:
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return Phase(name, int(memory.argument_size_in_bytes), int(memory.output_size_in_bytes),
+                 int(memory.alias_size_in_bytes), int(memory.temp_size_in_bytes), float(cost.get("flops", 0.0)),
+                 float(cost.get("bytes accessed", 0.0)))
+
+
+def _sharded(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def _abstract_model(model_fn: Callable[[], nnx.Module], mesh: Any) -> nnx.Module:
+    """An abstract model whose parameters carry their rule shardings on `mesh`."""
+    model = nnx.eval_shape(model_fn)
+    state = nnx.state(model)
+    shardings = state_shardings(state, mesh, DEFAULT_RULES)
+    nnx.update(model, jax.tree.map(lambda var, s: var.replace(jax.ShapeDtypeStruct(
+        var.get_value().shape, var.get_value().dtype, sharding=s)), state, shardings, is_leaf=is_variable))
+    return model
+
+
+def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpec, Any]:
+    """Compile the run's programs for `topology`; (phases, chip figures, mesh). Raises TpuCompileError."""
+    from models.sampler import _Static, _decode, _per_layer, _prefill, attention_window
+    from rljax.learner import Learner, TrainState, split_trainable
+    from rljax.plan import train_batch_shapes
+    from rljax.run_config import lora_config, loss_config, model_architecture, optim_config
+
+    devices, chip = topology_devices(topology)
+    m = config.mesh
+    mesh = make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+    arch = model_architecture(config.model)
+    lora = lora_config(config.model)
+    policy = _abstract_model(lambda: Llama(arch, rngs=nnx.Rngs(0)) if lora is None else
+                             add_lora(Llama(arch, rngs=nnx.Rngs(0)), lora), mesh)
+    ppo = config.algo.name == "ppo"
+    value = None
+    if ppo:
+        value = _abstract_model(lambda: LlamaValueModel(arch, rngs=nnx.Rngs(1)) if lora is None else
+                                _value_with_lora(arch, lora), mesh)
+    learner = Learner(policy, loss_config(config), optim_config(config.optim), config.train.micro_batches, value,
+                      optim_config(config.value_optim))
+
+    def state_of(params: Any, tx: Any) -> Any:
+        """The TrainState of `params`: optimizer moments sharded like the params (as `tx.init` on placed arrays
+        leaves them in a real run), counters replicated."""
+        shapes = jax.eval_shape(lambda p: TrainState(jnp.zeros((), jnp.int32), p, tx.init(p)), params)
+        structure = jax.tree.structure(params)
+        like = jax.tree.map(lambda x: x.sharding, params)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        shardings = jax.tree.map(lambda node: like if jax.tree.structure(node) == structure else replicated,
+                                 shapes, is_leaf=lambda node: jax.tree.structure(node) == structure)
+        return _sharded(shapes, shardings)
+
+    r = config.rollout
+    dialogs = r.problems_per_step * r.samples_per_problem
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sharding(mesh, len(v.shape),
+                                                                                batch_size=v.shape[0]))
+             for k, v in train_batch_shapes(dialogs, r.cache_capacity, config.env.max_turns).items()}
+    phases = []
+    try:
+        with use_mesh(mesh):
+            # the learner's own abstract states come from eval_shape, without shardings: rebuild them from the
+            # sharded models' trainable parts
+            learner.policy_state = state_of(split_trainable(policy)[2], learner.policy_tx)
+            phases.append(_phase("policy update", learner._update_policy.lower(
+                learner.policy_state, learner.policy_frozen, batch).compile()))
+            phases.append(_phase("scoring pass", learner._score.lower(
+                learner.policy_state.params, learner.policy_frozen, batch).compile()))
+            if ppo:
+                learner.value_state = state_of(split_trainable(value)[2], learner.value_tx)
+                phases.append(_phase("value update", learner._update_value.lower(
+                    learner.value_state, learner.value_frozen, batch).compile()))
+            graphdef, params = nnx.split(learner.policy_model())
+            copy = jax.jit(_per_layer, static_argnames=("graphdef",)).lower(graphdef, params).compile()
+            phases.append(_phase("sampler per-layer weights", copy))
+            layers = _sharded(jax.eval_shape(lambda p: _per_layer(graphdef, p), params), copy.output_shardings)
+            chunk = math.ceil(dialogs / r.num_chunks)
+            width = min(r.cache_capacity - r.max_new_tokens, 2048)
+            cache = jax.eval_shape(lambda: KVCache.init(arch, chunk, r.cache_capacity))
+            cache = _sharded(cache, jax.tree.map(lambda x: _batch_or_replicated(mesh, x), cache))
+            rows = lambda shape, dtype: jax.ShapeDtypeStruct(  # noqa: E731
+                shape, dtype, sharding=batch_sharding(mesh, len(shape), batch_size=shape[0]))
+            one = NamedSharding(mesh, PartitionSpec())
+            key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=one)
+            scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=one)
+            static = _Static(greedy=False, top_k=r.top_k, use_top_p=r.top_p < 1.0, stop_ids=(0,),
+                             max_new=r.max_new_tokens)
+            mesh_rules = (mesh, DEFAULT_RULES)
+            prefill_args = (graphdef, params, layers, cache, rows((chunk, width), jnp.int32),
+                            rows((chunk, width), jnp.bool_), rows((chunk,), jnp.int32), rows((chunk,), jnp.bool_),
+                            rows((chunk,), jnp.int32), key, scalar, scalar)
+            window = attention_window(width, r.cache_capacity)
+            prefill = _prefill.lower(*prefill_args, static=static, mesh_rules=mesh_rules, window=window).compile()
+            phases.append(_phase(f"prefill ({chunk} dialogs x {width} tokens)", prefill))
+            state = _sharded(jax.eval_shape(lambda *a: _prefill(*a, static=static, mesh_rules=mesh_rules,
+                                                                window=window), *prefill_args),
+                             prefill.output_shardings)
+            step_limit = jax.ShapeDtypeStruct((), jnp.int32, sharding=one)
+            decode = _decode.lower(graphdef, params, layers, state, step_limit, key, scalar, scalar, static=static,
+                                   mesh_rules=mesh_rules, window=r.cache_capacity).compile()
+            phases.append(_phase(f"decode loop ({chunk} dialogs, {r.cache_capacity}-slot window)", decode))
+    except TpuCompileError:
+        raise
+    except Exception as err:  # the TPU compiler's reasons (out of memory, unsupported op) come as many types
+        done = phases[-1].name if phases else "nothing"
+        raise TpuCompileError(f"does not compile for {topology} (after {done}): {_first_line(err)}") from None
+    return phases, chip, mesh
+
+
+def _value_with_lora(arch: Any, lora: Any) -> LlamaValueModel:
+    value = LlamaValueModel(arch, rngs=nnx.Rngs(1))
+    add_lora(value.backbone, lora)
+    return value
+
+
+def _batch_or_replicated(mesh: Any, x: Any) -> NamedSharding:
+    return batch_sharding(mesh, len(x.shape), batch_size=x.shape[0]) if x.shape else NamedSharding(
+        mesh, PartitionSpec())
+
+
+@dataclasses.dataclass
+class CompileReport:
+    topology: str
+    libtpu_name: str
+    chip: ChipSpec
+    mesh: dict[str, int]
+    phases: list[Phase]
+    planned: dict[str, tuple[int, int]]  # comparison -> (planner bytes, compiler bytes) per chip
+    peak: int  # per chip, from the compiler's figures plus the resident state the program does not hold
+    hbm_bytes: int
+    update_tokens: int  # tokens in one policy update (all dialogs at the full context)
+    model_flops: float  # 6 * params * tokens of one policy update, per chip
+    decode_rows: int
+
+    @property
+    def fits(self) -> bool:
+        from rljax.plan import FIT_FRACTION
+
+        return self.peak <= FIT_FRACTION * self.hbm_bytes
+
+    def phase(self, prefix: str) -> Phase:
+        return next(p for p in self.phases if p.name.startswith(prefix))
+
+
+def compile_report(config: ConfigDict, topology: str) -> CompileReport:
+    """Compile the run for `topology` and set the compiler's per-chip figures beside the planner's."""
+    from rljax.plan import parse_topology, plan_memory, planned_update
+
+    phases, chip, mesh = compile_run(config, topology)
+    plan = plan_memory(config, parse_topology(topology))
+    c = plan.components
+    by = {p.name.split(" (")[0]: p for p in phases}
+    update, prefill = by["policy update"], by["prefill"]
+    plan_update = planned_update(plan)
+    chunks = config.rollout.num_chunks
+    planned = {
+        "update arguments": (plan_update["arguments"], update.arguments),
+        "update temporaries": (plan_update["temporaries"], update.temporaries),
+        "prefill (weights, per-layer copy, one chunk's cache, attention)": (
+            c["policy params"] + c["sampler per-layer weights"] + c["KV cache (all dialogs)"] // chunks
+            + c["prefill attention (one chunk)"], prefill.total),
+    }
+    outside_update = plan.resident - c["policy params"] - c["policy AdamW moments"]
+    outside_rollout = plan.resident - c["policy params"] + c["KV cache (all dialogs)"] * (chunks - 1) // chunks
+    peak = max(update.total + outside_update, prefill.total + outside_rollout)
+    arch_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(nnx.eval_shape(
+        lambda: Llama(_arch(config), rngs=nnx.Rngs(0))))))
+    r = config.rollout
+    tokens = r.problems_per_step * r.samples_per_problem * r.cache_capacity
+    return CompileReport(topology, libtpu_topology(topology)[0], chip, dict(mesh.shape), phases, planned, peak,
+                         plan.topology.hbm_bytes, tokens, 6.0 * arch_params * tokens / mesh.size,
+                         math.ceil(r.problems_per_step * r.samples_per_problem / chunks))
+
+
+def _arch(config: ConfigDict) -> Any:
+    from rljax.run_config import model_architecture
+
+    return model_architecture(config.model)
+
+
+def format_report(report: CompileReport) -> str:
+    gib, chip = 2.0**30, report.chip
+    mesh = " ".join(f"{k}={v}" for k, v in report.mesh.items())
+    lines = [f"TPU compiler, {report.topology} ({report.libtpu_name}), mesh {mesh}, per chip:",
+             f"  {'program':<52} {'args GiB':>9} {'out GiB':>8} {'temp GiB':>9} {'total GiB':>10} {'TFLOP':>8} "
+             f"{'GB read+written':>16} {'roofline ms':>12}"]
+    for p in report.phases:
+        lines.append(f"  {p.name:<52} {p.arguments / gib:9.2f} {p.outputs / gib:8.2f} {p.temporaries / gib:9.2f} "
+                     f"{p.total / gib:10.2f} {p.flops / 1e12:8.3f} {p.bytes_accessed / 1e9:16.2f} "
+                     f"{1e3 * p.roofline_s(chip):12.2f}")
+    lines.append("  planner vs compiler (per chip):")
+    for name, (planned, compiled) in report.planned.items():
+        lines.append(f"    {name:<66} {planned / gib:8.2f} vs {compiled / gib:8.2f} GiB "
+                     f"(ratio {planned / max(compiled, 1):.2f})")
+    verdict = "fits" if report.fits else "DOES NOT FIT"
+    lines.append(f"  {verdict}: peak {report.peak / gib:.2f} GiB of {report.hbm_bytes / gib:g} GiB HBM (the larger "
+                 "program's total plus the resident state it does not hold)")
+    update, decode = report.phase("policy update"), report.phase("decode loop")
+    step = update.roofline_s(chip)
+    chips = math.prod(report.mesh.values())
+    lines.append(f"  roofline estimate ({chip.peak_bf16_flops / 1e12:g} TFLOP/s bf16, {chip.hbm_bytes_per_s / 1e9:g} "
+                 f"GB/s HBM per chip; {chip.source}):")
+    lines.append(f"    policy update >= {step:.3f} s for {report.update_tokens} tokens: <= "
+                 f"{report.update_tokens / step:,.0f} tokens/s, MFU <= "
+                 f"{report.model_flops / (step * chip.peak_bf16_flops):.0%} (6 N tokens over the slice's peak)")
+    per_step = decode.roofline_s(chip)
+    lines.append(f"    decode step >= {1e3 * per_step:.3f} ms for {report.decode_rows} dialogs per chunk: <= "
+                 f"{report.decode_rows / per_step:,.0f} tokens/s per chunk on {chips} chips")
+    return "\n".join(lines)

@@ -44,7 +44,7 @@ def get_config():
     c.checkpoint.every = 4
     c.log.samples_per_step = 16
     c.eval.source = "swerl_practice_heldout"
-    c.eval.samples_per_problem = 4
+    c.eval.samples_per_problem = 2  # 16 held-out issues x 2 answers: with 4 training steps, ~15 min for the demo
     c.eval.temperature = 1.0
     c.eval.batch_dialogs = 16
     return c

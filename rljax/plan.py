@@ -279,6 +279,7 @@ def train_batch_shapes(dialogs: int, length: int, turns: int) -> dict[str, jax.S
     out["valid"] = s(bl, bool)
     out.update({k: s(bl, np.float32) for k in ("sampled", "sampler_logp", "old_logp", "ref_logp", "weights",
                                                "advantages")})
+    out.update({k: s(bt, np.float32) for k in ("old_values", "returns", "turn_weights")})  # PPO's value targets
     out.update({"value_index": s(bt, np.int32), "turn_mask": s(bt, np.float32), "task_reward": s(bt, np.float32),
                 "group": s((dialogs,), np.int32), "trainable": s((dialogs,), np.float32)})
     return out

@@ -178,7 +178,6 @@ def export_model(model: Llama, out: str | Path, tokenizer: Tokenizer | None = No
     expected = jax.tree.structure(nnx.to_pure_dict(abstract_model(model.config)[1]))
     if jax.tree.structure(params) != expected:
         raise CheckpointError("export_model: the model's parameters do not form a plain Llama's tree")
-    params = jax.tree.map(lambda x: np.asarray(jax.device_get(x)), params)
     if not hf:
         return save_params(out, model.config, params, tokenizer)
     with tempfile.TemporaryDirectory() as tmp:

@@ -37,9 +37,6 @@ TASKS = {
     "rlef": DemoTask("rlef_smollm2_practice", "1@3", 6, 16, "problems"),  # 16: every held-out family at least once
     "swerl": DemoTask("swerl_smollm2", "reward/mean", 4, 16, "issues"),
 }
-DEFAULT_STEPS = TASKS["rlef"].steps
-DEFAULT_EVAL_PROBLEMS = TASKS["rlef"].eval_problems
-METRIC = TASKS["rlef"].metric
 
 
 def _task(name: str) -> DemoTask:
@@ -48,7 +45,7 @@ def _task(name: str) -> DemoTask:
     return TASKS[name]
 
 
-def demo_config(workdir: str, steps: int, eval_problems: int = DEFAULT_EVAL_PROBLEMS, max_new_tokens: int = 0,
+def demo_config(workdir: str, steps: int, eval_problems: int, max_new_tokens: int = 0,
                 dialogs_per_step: int = 0, eval_samples: int = 0, task: str = "rlef") -> ConfigDict:
     """The task's config for the demo. `eval_problems` (0: all held-out problems), `eval_samples` (dialogs per
     held-out problem), `max_new_tokens` (answers, in training and evaluation) and `dialogs_per_step` (answers
@@ -83,7 +80,7 @@ def _fresh_workdir(workdir: Path) -> None:
 
 
 def result_line(before: dict[str, float], after: dict[str, float], diff: dict[str, float], steps: int,
-                problems: int, metric: str = METRIC, unit: str = "problems") -> str:
+                problems: int, metric: str, unit: str) -> str:
     """The demo's result in one sentence: the held-out change and whether its interval excludes 0."""
     verdict = ("improved" if diff["ci95_low"] > 0 else "got worse" if diff["ci95_high"] < 0 else
                "did not change measurably")
@@ -150,10 +147,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     def est(e: dict[str, float]) -> str:
         return f"{e['value']:.3f} [{e['ci95_low']:.3f}, {e['ci95_high']:.3f}]"
 
-    metric = summary.get("metric", METRIC)
+    metric = summary["metric"]
     diff = summary[f"{metric}_paired_difference"]
     lines = [f"demo done in {summary['seconds']:.0f} s: {summary['steps']} {summary['algorithm'].upper()} steps, "
-             f"{summary['eval_problems']} held-out {summary.get('unit', 'problems')} x "
+             f"{summary['eval_problems']} held-out {summary['unit']} x "
              f"{summary['eval_samples_per_problem']} dialogs",
              f"  {metric} before training: {est(summary[f'{metric}_before'])}",
              f"  {metric} after training:  {est(summary[f'{metric}_after'])}",

@@ -72,11 +72,6 @@ class SampleWriter:
                                     "finish_reasons": t.finish_reasons}) + "\n")
 
 
-def read_samples(workdir: str | Path) -> list[dict[str, Any]]:
-    path = Path(workdir) / SAMPLES_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
 def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
         value = value.item()

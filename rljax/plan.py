@@ -37,6 +37,7 @@ GIB = 2**30
 # fp32 [chunk tokens, vocab] buffers live at once in one chunk of the chunked log-softmax and its gradient
 # (models/logprobs.py: logits, probabilities, their gradient), measured from XLA's analysis of the update step
 LOGIT_COPIES = 3.5
+MOMENTS = {"adamw": 2, "sgd": 0}  # optimizer state copies of each trained parameter
 FIT_FRACTION = 0.92  # of HBM; the rest is left to XLA's runtime, fragmentation and program code
 
 
@@ -159,10 +160,11 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
     dialogs = r.problems_per_step * r.samples_per_problem
     ppo = config.algo.name == "ppo"
 
-    moments = {"adamw": 2, "sgd": 0}[config.optim.get("optimizer", "adamw")]
-    value_moments = {"adamw": 2, "sgd": 0}[config.value_optim.get("optimizer", "adamw")]
+    moments = MOMENTS[config.optim.get("optimizer", "adamw")]
+    value_moments = MOMENTS[config.value_optim.get("optimizer", "adamw")]
     lora = lora_config(config.model)
-    policy = _shard_bytes(nnx.state(nnx.eval_shape(lambda: Llama(arch, rngs=nnx.Rngs(0)))), sizes)
+    abstract_policy = nnx.eval_shape(lambda: Llama(arch, rngs=nnx.Rngs(0)))
+    policy = _shard_bytes(nnx.state(abstract_policy), sizes)
     value = _shard_bytes(nnx.state(nnx.eval_shape(lambda: LlamaValueModel(arch, rngs=nnx.Rngs(0)))), sizes)
     if lora is None:
         trained, value_trained = policy, value
@@ -183,7 +185,7 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
             comp.update({"value params": value_trained, "value AdamW moments": value_moments * value_trained})
 
     # the sampler reads per-layer copies of the decoder weights (LoRA merged in), made once per rollout call
-    layers = _shard_bytes(nnx.state(nnx.eval_shape(lambda: Llama(arch, rngs=nnx.Rngs(0))).layers), sizes)
+    layers = _shard_bytes(nnx.state(abstract_policy.layers), sizes)
     comp["sampler per-layer weights"] = layers
     a = _itemsize(arch.dtype)
     kv_dev = _split(arch.num_kv_heads, tensor)

@@ -214,8 +214,6 @@ def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpe
             decode = _decode.lower(graphdef, params, layers, state, step_limit, key, scalar, scalar, static=static,
                                    mesh_rules=mesh_rules, window=r.cache_capacity).compile()
             phases.append(_phase(f"decode loop ({chunk} dialogs, {r.cache_capacity}-slot window)", decode))
-    except TpuCompileError:
-        raise
     except Exception as err:  # the TPU compiler's reasons (out of memory, unsupported op) come as many types
         done = phases[-1].name if phases else "nothing"
         raise TpuCompileError(f"does not compile for {topology} (after {done}): {_first_line(err)}") from None
@@ -261,7 +259,9 @@ class CompileReport:
 
 def compile_report(config: ConfigDict, topology: str) -> CompileReport:
     """Compile the run for `topology` and set the compiler's per-chip figures beside the planner's."""
+    from models.convert import param_count
     from rljax.plan import parse_topology, plan_memory, planned_update
+    from rljax.run_config import model_architecture
 
     phases, chip, mesh = compile_run(config, topology)
     plan = plan_memory(config, parse_topology(topology))
@@ -280,9 +280,8 @@ def compile_report(config: ConfigDict, topology: str) -> CompileReport:
     outside_update = plan.resident - c["policy params"] - c["policy AdamW moments"]
     outside_rollout = plan.resident - c["policy params"] + c["KV cache (all dialogs)"] * (chunks - 1) // chunks
     peak = max(update.total + outside_update, prefill.total + outside_rollout)
-    arch = _arch(config)
-    arch_params = sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(nnx.eval_shape(
-        lambda: Llama(arch, rngs=nnx.Rngs(0))))))
+    arch = model_architecture(config.model)
+    arch_params = param_count(arch)
     r = config.rollout
     dialogs = r.problems_per_step * r.samples_per_problem
     tokens = dialogs * r.cache_capacity
@@ -297,12 +296,6 @@ def compile_report(config: ConfigDict, topology: str) -> CompileReport:
     return CompileReport(topology, libtpu_topology(topology)[0], chip, dict(mesh.shape), phases, planned, peak,
                          plan.topology.hbm_bytes, tokens, 6.0 * arch_params * tokens, update_flops / mesh.size,
                          chunk, (c["policy params"] * 1.0 + kv_bytes / mesh.size))
-
-
-def _arch(config: ConfigDict) -> Any:
-    from rljax.run_config import model_architecture
-
-    return model_architecture(config.model)
 
 
 def format_report(report: CompileReport) -> str:

@@ -16,6 +16,7 @@ from executor.swe_reward import compute_reward
 from models.sampler import FINISH_EOS, Completion
 from rljax.data.bugfix_repo import build_bugfix_repo, shipped_instances
 from rljax.envs.swerl import oracle_answer
+from tests.test_trainer import _deterministic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,10 +38,6 @@ def _train(workdir: Path, data: Path, steps: int) -> subprocess.CompletedProcess
 
 def _read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _deterministic(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
 
 
 def test_mined_repository_trains_with_recomputable_rewards_and_resumes_bit_exactly(tmp_path, smollm2_ckpt):

@@ -60,16 +60,18 @@ def _occurrences(text: str, part: str) -> int:
     return count
 
 
+def _full_lines(text: str) -> list[str]:
+    """The lines of `text`, each ending in a newline (the last one too)."""
+    return [line if line.endswith("\n") else line + "\n" for line in text.splitlines(keepends=True)]
+
+
 def _file_blocks(path: str, old: str, new: str, single: bool = False) -> list[str]:
     """Search/replace blocks turning `old` into `new`: one per changed run of lines (`single`: one for all),
     widened by whole lines of context until its search text is unique in the file and neither side is empty;
     runs whose widened blocks overlap are merged."""
     if not old:
         return [_block(path, ["\n"], [new if new.endswith("\n") else new + "\n"])]
-    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
-    if not a[-1].endswith("\n") or not b or not b[-1].endswith("\n"):
-        a, b = [line if line.endswith("\n") else line + "\n" for line in a], [
-            line if line.endswith("\n") else line + "\n" for line in b]
+    a, b = _full_lines(old), _full_lines(new)
 
     def widen(i1: int, i2: int, j1: int, j2: int) -> tuple[int, int, int, int]:
         while not (i2 > i1 and j2 > j1 and _occurrences("\n" + old, "\n" + "".join(a[i1:i2])[:-1]) == 1):
@@ -112,7 +114,7 @@ def oracle_answer(instance: Mapping[str, Any], thought: str = "The issue points 
         if blocks and compute_reward(context, oracle, answer, "exact_match")[0] == 1.0:
             return answer
     raise ValueError(f"SWE-RL instance {instance.get('instance_id')!r}: its oracle change cannot be written "
-                         "as search/replace edits that reproduce it exactly")
+                     "as search/replace edits that reproduce it exactly")
 
 
 class SWERLEpisode:

@@ -38,6 +38,10 @@ def get_config():
     c.rollout.num_chunks = 2
     c.train.micro_batches = 16  # one answer per micro-batch (~1k tokens: activations ~2 GiB); zero-advantage ones are skipped
     c.train.seq_bucket = 128
+    c.warmup.steps = 16
+    c.warmup.batch = 4
+    c.warmup.micro_batches = 4
+    c.warmup.learning_rate = 2e-4
     c.optim.learning_rate = 1e-4
     c.optim.warmup_steps = 0
     c.optim.weight_decay = 0.0

@@ -1,5 +1,5 @@
 """Training checkpoints with orbax's CheckpointManager: policy and value TrainStates (params + optimizer
-state + step), and a JSON record of the step, the data stream position and the run's counters.
+state + step), the KL reference's trainable params when it is not the initial policy, and a JSON record of the step, the data stream position and the run's counters.
 
 Array trees are stored as flat, ordered leaf dicts and restored into the live states' structure and
 shardings, so a checkpoint restores onto any mesh (and host count) for the same config. Saves are async;
@@ -36,7 +36,7 @@ class TrainCheckpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=every_steps,
                                                enable_async_checkpointing=async_save, create=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                             item_names=("policy", "value", "meta"))
+                                             item_names=("policy", "value", "reference", "meta"))
 
     def save(self, step: int, states: dict[str, Any], meta: dict[str, Any], force: bool = False) -> bool:
         """Save (when the interval says so, or `force`); returns whether a save started."""

@@ -79,7 +79,7 @@ def _demo(args: argparse.Namespace) -> int:
     workdir = args.workdir or ("runs/demo" if args.task == "rlef" else f"runs/demo_{args.task}")
     summary = run_demo(workdir, args.steps, args.eval_problems, progress=not args.quiet,
                        max_new_tokens=args.max_new_tokens, dialogs_per_step=args.dialogs_per_step,
-                       eval_samples=args.eval_samples, task=args.task)
+                       eval_samples=args.eval_samples, task=args.task, warmup_steps=args.warmup_steps)
     print(format_summary(summary))
     return 0
 
@@ -128,6 +128,7 @@ def _log_to_console() -> None:
     for name in ("rljax", "executor"):
         logging.getLogger(name).addHandler(handler)
         logging.getLogger(name).setLevel(logging.INFO)
+        logging.getLogger(name).propagate = False  # a library may have given the root logger a handler too
 
 
 def parse_run_config(argv: Sequence[str]) -> "ConfigDict":
@@ -326,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=int, default=0, help="answer length cap (default: the config's)")
     demo.add_argument("--dialogs-per-step", type=int, default=0,
                       help="answers per step, in groups of up to G (default: the config's problems x G)")
+    demo.add_argument("--warmup-steps", type=int, default=None,
+                      help="supervised warm-up steps before RL (0: none; default: the config's)")
     demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(func=_demo)
     return parser

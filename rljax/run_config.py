@@ -63,6 +63,10 @@ def base_config() -> ConfigDict:
         "clip_eps_high": 0.0, "dual_clip": 0.0, "ratio_level": "token", "group_baseline": "group_mean",
         "tis_cap": 0.0, "overlong_buffer": 0, "overlong_penalty": 1.0, "mask_truncated": False,
         "dynamic_sampling_rounds": 0})
+    # supervised warm-up before RL step 1 (rljax.warmup; steps 0 = off, as both papers): `steps` steps of
+    # `batch` demonstrations of the training rows (Env.demonstration), cross-entropy on the answer tokens with a
+    # constant learning rate of its own
+    c.warmup = ConfigDict({"steps": 0, "batch": 4, "micro_batches": 1, "learning_rate": 1e-4})
     c.optim = ConfigDict({"learning_rate": 2e-7, "warmup_steps": 50, "weight_decay": 0.1, "b1": 0.9, "b2": 0.95,
                           "eps": 1e-8, "max_grad_norm": 1.0, "optimizer": "adamw"})
     c.value_optim = ConfigDict(c.optim.to_dict())
@@ -96,8 +100,9 @@ CHOICES = {
 POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_problem", "rollout.max_new_tokens",
             "rollout.cache_capacity", "rollout.length_bucket", "rollout.num_chunks", "train.micro_batches",
             "train.seq_bucket", "train.vocab_chunk", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs",
-            "eval.samples_per_problem", "eval.batch_dialogs", "eval.bootstrap_resamples")
-NON_NEGATIVE = ("log.samples_per_step",)
+            "eval.samples_per_problem", "eval.batch_dialogs", "eval.bootstrap_resamples", "warmup.batch",
+            "warmup.micro_batches")
+NON_NEGATIVE = ("log.samples_per_step", "warmup.steps")
 
 
 def _get(config: ConfigDict, dotted: str) -> Any:
@@ -129,6 +134,11 @@ def validate(config: ConfigDict) -> None:
     if batch % config.train.micro_batches:
         raise ValueError(f"config.train.micro_batches: {config.train.micro_batches} does not divide the rollout "
                          f"batch of {batch} dialogs (problems_per_step * samples_per_problem)")
+    if config.warmup.batch % config.warmup.micro_batches:
+        raise ValueError(f"config.warmup.micro_batches: {config.warmup.micro_batches} does not divide "
+                         f"warmup.batch ({config.warmup.batch})")
+    if config.warmup.steps and not config.warmup.learning_rate > 0:
+        raise ValueError(f"config.warmup.learning_rate: expected > 0, got {config.warmup.learning_rate!r}")
     if not 0 < config.rollout.top_p <= 1 or config.rollout.temperature <= 0:
         raise ValueError("config.rollout: training samples need temperature > 0 and top_p in (0, 1], got "
                          f"temperature={config.rollout.temperature}, top_p={config.rollout.top_p}")

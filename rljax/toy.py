@@ -33,6 +33,9 @@ class DigitCodec:
     def answer_text(self, token_ids: Sequence[int]) -> str:
         return "".join(str(i) if i < 10 else ("?" if i == OTHER else "") for i in token_ids)
 
+    def answer_ids(self, text: str) -> list[int]:
+        return self.encode(text) + [EOT]
+
     def continuation_ids(self, answer_ended: bool, feedback: str) -> list[int]:
         return ([] if answer_ended else [EOT]) + [USER] + self.encode(feedback) + [EOT, ASSISTANT]
 
@@ -55,5 +58,5 @@ def toy_problems(count: int = 10, digits: int = 1) -> list[dict[str, Any]]:
     span = 10 ** digits - low
     numbers = [low + (i * 7 + 3) % span for i in range(count)]
     return [{"name": f"print-{n}-{i}", "description": str(n),
-             "public_tests": {"input": [""], "output": [f"{n}\n"]},
+             "public_tests": {"input": [""], "output": [f"{n}\n"]}, "demonstration": str(n),
              "private_tests": {"input": ["ignored\n"], "output": [f"{n}\n"]}} for i, n in enumerate(numbers)]

@@ -4,6 +4,7 @@ configs/) and resumes from the workdir's latest checkpoint."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
@@ -25,8 +26,8 @@ from rljax import batching
 from rljax import distributed
 from rljax import shaping
 from rljax.checkpointing import ResumeError, TrainCheckpointer
-from rljax.learner import Learner
-from rljax.metrics import MetricsWriter, SampleWriter
+from rljax.learner import Learner, OptimConfig
+from rljax.metrics import WARMUP_FILE, MetricsWriter, SampleWriter
 from rljax.ppo import explained_variance
 from rljax.problems import ProblemStream, prompt_checked
 from rljax.rollout import RolloutRunner, RolloutStats, Trajectory
@@ -71,7 +72,7 @@ class Trainer:
         self.ref_params = self.learner.reference_params() if config.algo.kl_beta else None
         self.model_record = {"base": base_model_name(config.model), "lora": None if lora is None else lora.as_dict()}
         self.codec = build_codec(config, self.tokenizer)
-        rows = load_rows(config.data)
+        self.rows = rows = load_rows(config.data)
         self.env = build_env(config.env, rows, data_source=config.data.source)
         r = config.rollout
         self.stream = ProblemStream(rows, prompt_checked(self.env, self.codec, r.cache_capacity, r.max_new_tokens),
@@ -89,6 +90,8 @@ class Trainer:
         c = config.checkpoint
         self.checkpointer = TrainCheckpointer(self.workdir, c.every, c.keep, c.async_save)
         self.step_count = 0
+        self.warmed_up = False  # the supervised warm-up ran, or the restored weights already had it
+        self.reference_saved = False  # after a warm-up, KL's reference is the warmed policy: checkpointed
         self._resume(c.resume)
         self.metrics = MetricsWriter(self.workdir, self.step_count, config.log.tensorboard,
                                      enabled=distributed.is_primary())
@@ -97,7 +100,10 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------------------------
     def _states(self) -> dict[str, Any]:
-        return {"policy": self.learner.policy_state, "value": self.learner.value_state}
+        states = {"policy": self.learner.policy_state, "value": self.learner.value_state}
+        if self.reference_saved:
+            states["reference"] = self.ref_params
+        return states
 
     def _resume(self, mode: str) -> None:
         latest = self.checkpointer.latest_step() if mode != "never" else None
@@ -106,19 +112,64 @@ class Trainer:
                 raise ResumeError(f"{self.checkpointer.directory}: no checkpoint to resume from "
                                   "(checkpoint.resume='require')")
             return
-        found = self.checkpointer.read_meta(latest).get("model")
+        saved = self.checkpointer.read_meta(latest)
+        found = saved.get("model")
+        self.reference_saved = bool(saved.get("reference")) and self.ref_params is not None
         if found is not None and found != self.model_record:
             raise ResumeError(f"{self.checkpointer.directory}/{latest}: its weights are for model {found}, this run's "
                               f"model is {self.model_record}; use another workdir or the same model config")
         states, meta = self.checkpointer.restore(latest, self._states())
         self.learner.policy_state, self.learner.value_state = states["policy"], states["value"]
+        if self.reference_saved:
+            self.ref_params = states["reference"]
         self.stream.set_state(meta["data"])
         self.step_count = int(meta["step"])
+        self.warmed_up = True
         log.info("resumed from %s at step %d", self.checkpointer.directory, self.step_count)
 
     def _save(self, force: bool = False) -> None:
-        meta = {"step": self.step_count, "data": self.stream.get_state(), "model": self.model_record}
+        meta = {"step": self.step_count, "data": self.stream.get_state(), "model": self.model_record,
+                "reference": self.reference_saved}
         self.checkpointer.save(self.step_count, self._states(), meta, force=force)
+
+    # ---- supervised warm-up ----------------------------------------------------------------------------------
+    def warm_up(self) -> list[dict[str, float]]:
+        """`config.warmup.steps` cross-entropy steps on the training rows' demonstrations (rljax.warmup), once,
+        before RL step 1 of a run that starts from scratch; saved as step 0. Rows go to WORKDIR/warmup.jsonl."""
+        w = self.config.warmup
+        if self.warmed_up or not w.steps:
+            return []
+        from rljax.warmup import SupervisedWarmup, demonstration_batch, demonstrations, schedule
+
+        r = self.config.rollout
+        demos = demonstrations(self.env, self.codec, self.rows, r.max_new_tokens, r.cache_capacity)
+        if demos.skipped:
+            log.warning("warm-up: skipped rows %s", demos.skipped)
+        if not demos.trajectories:
+            raise ValueError(f"config.warmup: none of the {len(self.rows)} training rows has a usable "
+                             f"demonstration (skipped: {demos.skipped})")
+        warmup = SupervisedWarmup(self.learner, OptimConfig(learning_rate=w.learning_rate, warmup_steps=0,
+                                                           weight_decay=0.0), w.micro_batches,
+                                  self.config.train.vocab_chunk)
+        rows = []
+        path = self.workdir / WARMUP_FILE
+        with use_mesh(self.mesh):
+            for i, picked in enumerate(schedule(len(demos.trajectories), w.steps, w.batch, self.config.seed)):
+                batch = demonstration_batch([demos.trajectories[j] for j in picked], self.config.train.seq_bucket,
+                                            self.pad_id)
+                rows.append({"warmup_step": i + 1, **warmup.update(self._place(batch)),
+                             "demonstrations": len(demos.trajectories), **{f"skipped/{k}": v for k, v in
+                                                                          demos.skipped.items()}})
+                log.info("warm-up step %d/%d: nll %.4f", i + 1, w.steps, rows[-1]["nll"])
+        warmup.finish()
+        if self.ref_params is not None:  # KL to the warmed policy (as RLHF's reference is the SFT model)
+            self.ref_params = jax.tree.map(jnp.copy, self.learner.policy_state.params)
+            self.reference_saved = True
+        if distributed.is_primary():
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        self.warmed_up = True
+        self._save(force=True)
+        return rows
 
     # ---- one step ------------------------------------------------------------------------------------------------
     def _place(self, arrays: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -264,6 +315,7 @@ class Trainer:
     def run(self) -> list[dict[str, Any]]:
         from tqdm import tqdm
 
+        self.warm_up()
         history = []
         bar = tqdm(total=self.config.total_steps, initial=self.step_count, desc="train",
                    disable=not (self.config.log.progress and distributed.is_primary()), dynamic_ncols=True)

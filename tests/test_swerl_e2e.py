@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,7 +59,8 @@ def test_mined_repository_trains_with_recomputable_rewards_and_resumes_bit_exact
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     _train(straight, data, 2)
-    _train(resumed, data, 1)
+    shutil.copytree(straight, resumed)  # as if killed after step 1's checkpoint (every 1 step in swerl_tiny)
+    shutil.rmtree(resumed / "checkpoints" / "2")
     again = _train(resumed, data, 2)
     assert "resumed from" in again.stderr
     metrics = _read(straight / "metrics.jsonl")

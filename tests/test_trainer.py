@@ -236,10 +236,14 @@ def test_grpo_learns_the_toy_task(tmp_path):
 
 
 def _cli(workdir: Path, steps: int) -> list[str]:
+    """A LoRA policy (the frozen base rebuilt, the adapters restored) after a 2-step supervised warm-up (saved as
+    step 0) with KL to the warmed policy (its adapters checkpointed); full fine-tuning resumes bit-exactly in
+    tests/test_swerl_e2e.py and tests/test_multihost.py."""
     return [sys.executable, "-m", "rljax.cli", "train", "--config", str(REPO / "configs/grpo_tiny.py"),
             f"--config.workdir={workdir}", f"--config.total_steps={steps}", "--config.checkpoint.every=2",
             "--config.rollout.problems_per_step=4", "--config.rollout.samples_per_problem=4",
-            "--config.log.progress=False"]
+            "--config.model.lora.targets=all", "--config.model.lora.rank=4", "--config.warmup.steps=2",
+            "--config.rollout.max_new_tokens=2", "--config.algo.kl_beta=0.05", "--config.log.progress=False"]
 
 
 def _deterministic(rows):
@@ -267,6 +271,7 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_exact(tmp_path):
     read = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
     assert [r["step"] for r in read(killed)] == list(range(1, 8))
     assert _deterministic(read(killed)) == _deterministic(read(straight))
+    assert (killed / "warmup.jsonl").read_text() == (straight / "warmup.jsonl").read_text()
 
 
 def test_resume_required_without_checkpoint_fails_clearly(tmp_path):
@@ -316,6 +321,8 @@ def test_empty_answers_are_scored_and_trained_not_dropped(tmp_path):
     ("algo.name", "dpo", "config.algo.name: 'dpo' is not one of"),
     ("rollout.problems_per_step", 0, "config.rollout.problems_per_step: expected a positive integer"),
     ("train.micro_batches", 3, "does not divide the rollout batch"),
+    ("warmup.micro_batches", 3, "config.warmup.micro_batches: 3 does not divide warmup.batch"),
+    ("warmup.steps", -1, "config.warmup.steps: expected an integer >= 0"),
     ("env.max_turns", 3, None),
 ])
 def test_bad_config_values_fail_at_start(tmp_path, key, value, message):

@@ -51,6 +51,9 @@ class Env(Protocol):
     def reset(self, row: Any) -> Episode:
         """`open(parse(row))`."""
 
+    def demonstration(self, row: Any) -> str | None:
+        """A good answer to the row's first prompt, for the supervised warm-up (rljax.warmup), or None."""
+
 
 def require_fields(problem: Any, fields: Sequence[str], kind: str) -> None:
     """One clear line when a problem row lacks a field the environment needs."""

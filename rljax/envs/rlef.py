@@ -21,6 +21,7 @@ from rljax.envs.base import ProblemError, StepResult, require_fields
 PROMPT = ("Provide a Python solution for the following competitive programming question: {description}\n\n"
           "Write the whole program in one ```python code block. It reads the input from standard input and "
           "prints the answer to standard output.")
+PYTHON3 = 3  # CodeContests' language code of Python 3 solutions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +186,19 @@ class RLEFEnv:
 
     def reset(self, row: Mapping[str, Any]) -> RLEFEpisode:
         return self.open(self.parse(row))
+
+    def demonstration(self, row: Mapping[str, Any]) -> str | None:
+        """The row's `demonstration` text if it has one, else its first Python 3 reference solution (the
+        CodeContests `solutions` field, language 3) in a ```python block; None when it has neither."""
+        if isinstance(row.get("demonstration"), str):
+            return row["demonstration"]
+        solutions = row.get("solutions")
+        if not isinstance(solutions, Mapping):
+            return None
+        for language, code in zip(solutions.get("language", ()), solutions.get("solution", ())):
+            if language == PYTHON3 and isinstance(code, str) and code.strip():
+                return f"```python\n{code.strip()}\n```"
+        return None
 
     def no_code_feedback(self) -> str:
         return RETRY if self.feedback_mode == "none" else f"{NO_CODE}\n{RETRY}"

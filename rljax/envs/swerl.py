@@ -178,3 +178,7 @@ class SWERLEnv:
 
     def reset(self, instance: Mapping[str, Any]) -> SWERLEpisode:
         return self.open(self.parse(instance))
+
+    def demonstration(self, instance: Mapping[str, Any]) -> str:
+        """The oracle edits in the paper's format (`oracle_answer`); ValueError when they cannot be written."""
+        return oracle_answer(instance)

@@ -36,7 +36,7 @@ class DemoTask:
 
 TASKS = {
     "rlef": DemoTask("rlef_smollm2_practice", "1@3", 6, 16, "problems"),  # 16: every held-out family at least once
-    "swerl": DemoTask("swerl_smollm2", "reward/mean", 4, 16, "issues"),
+    "swerl": DemoTask("swerl_smollm2", "reward/mean", 6, 16, "issues"),
 }
 
 

@@ -163,6 +163,21 @@ def test_oracle_answer_reproduces_random_line_edits_exactly():
     assert solved > 300
 
 
+def test_the_demonstration_thought_names_the_changed_definitions():
+    from rljax.envs.swerl import changed_definitions, localizing_thought
+
+    old = ("import os\n\nclass Box:\n    def size(self):\n        return 1\n\n    def name(self):\n"
+           "        return 'b'\n\nasync def load(path):\n    def inner():\n        return 2\n    return inner()\n")
+    new = old.replace("return 1", "return 2").replace("return 2\n    return", "return 3\n    return") \
+        .replace("import os", "import sys")
+    assert changed_definitions(old, new) == ["size", "inner"]  # innermost definition; the import has none
+    assert changed_definitions(old, new.replace("load(path)", "load(path, mode)")) == ["size", "load", "inner"]
+    instance = {"code_context": {"b.py": old, "a.py": "x = 1\n"},
+                "oracle_new_content": {"b.py": new, "a.py": "x = 2\n"}}
+    assert localizing_thought(instance) == ("The issue is about a.py and `size`, `inner` in b.py. The edit below "
+                                            "fixes the wrong line there.")
+
+
 def test_swerl_rows_without_oracle_change_or_with_invalid_text_are_refused():
     env = SWERLEnv()
     with pytest.raises(ProblemError, match="changes no file"):

@@ -8,6 +8,7 @@ edits produce and the oracle patch ("similarity"), or 1/0 on exact match ("exact
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any, Callable, Mapping, Sequence
 
 from executor.swe_reward import VARIANTS, compute_reward
@@ -101,11 +102,60 @@ def _answer(blocks: Sequence[str], thought: str) -> str:
     return f"<think>\n{thought}\n</think>\n<solution>\n" + "\n".join(blocks) + "\n</solution>"
 
 
-def oracle_answer(instance: Mapping[str, Any], thought: str = "The issue points to the code changed below.") -> str:
+_DEFINITION = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+(\w+)")
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _enclosing_definition(lines: Sequence[str], i: int) -> str | None:
+    """The `def`/`class` whose body holds line i (or that line's own definition), by indentation."""
+    match = _DEFINITION.match(lines[i])
+    if match:
+        return match.group(1)
+    indent = _indent(lines[i]) if lines[i].strip() else 1 << 30
+    for line in reversed(lines[:i]):
+        if not line.strip() or _indent(line) >= indent:
+            continue
+        match = _DEFINITION.match(line)
+        if match:
+            return match.group(1)
+        indent = _indent(line)  # an enclosing statement (if, for, ...): look further out
+    return None
+
+
+def changed_definitions(old: str, new: str) -> list[str]:
+    """Names of the innermost functions or classes whose lines `old` -> `new` changes, in file order, without
+    repeats; a change outside any definition adds none."""
+    a, b = _full_lines(old), _full_lines(new)
+    names: list[str] = []
+    for tag, i1, _, _, _ in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal" or not a:
+            continue
+        name = _enclosing_definition(a, min(i1, len(a) - 1))
+        if name and name not in names:
+            names.append(name)
+    return names
+
+
+def localizing_thought(instance: Mapping[str, Any]) -> str:
+    """Reasoning that locates the oracle change: which definitions of which files it edits."""
+    context, oracle = dict(instance["code_context"]), dict(instance["oracle_new_content"])
+    places = []
+    for path in sorted(p for p in oracle if context.get(p, "") != oracle[p]):
+        names = changed_definitions(context.get(path, ""), oracle[path])
+        places.append(f"{', '.join(f'`{n}`' for n in names)} in {path}" if names else path)
+    return f"The issue is about {' and '.join(places)}. The edit below fixes the wrong line there."
+
+
+def oracle_answer(instance: Mapping[str, Any], thought: str | None = None) -> str:
     """An answer in the paper's format whose edits reproduce the oracle patch exactly (reward 1.0 under both
-    variants): a scripted policy for end-to-end tests and a check that an instance is solvable. Raises
+    variants), with `thought` (default: `localizing_thought`) as its reasoning: the supervised warm-up's
+    demonstration, a scripted policy for end-to-end tests and a check that an instance is solvable. Raises
     ValueError when no such answer exists (e.g. the oracle deletes a whole file)."""
     context, oracle = dict(instance["code_context"]), dict(instance["oracle_new_content"])
+    thought = localizing_thought(instance) if thought is None else thought
     changed = [path for path in sorted(oracle) if context.get(path, "") != oracle[path]]
     for single in (False, True):  # one block per changed run; else one block per file
         blocks = [block for path in changed for block in _file_blocks(path, context.get(path, ""), oracle[path],

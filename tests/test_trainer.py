@@ -201,37 +201,20 @@ def _rise(history, n=5):
     return float(np.mean(rewards[:n])), float(np.mean(rewards[-n:]))
 
 
-def _start_training(name: str, workdir: Path, steps: int) -> subprocess.Popen:
+def _train_in_subprocess(name: str, workdir: Path, steps: int) -> list[dict]:
     """`rljax train` in a fresh process (a long pytest process's heap makes Python's GC slow the host-side
-    rollout down about 2x), its stderr to WORKDIR.err."""
+    rollout down about 2x); the run's metrics.jsonl rows."""
     cmd = [sys.executable, "-m", "rljax.cli", "train", "--config", str(REPO / f"configs/{name}.py"),
            f"--config.workdir={workdir}", f"--config.total_steps={steps}", "--config.log.progress=False",
            "--config.log.tensorboard=False"]
-    with open(workdir.with_suffix(".err"), "w") as err:
-        return subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"),
-                                stdout=subprocess.DEVNULL, stderr=err)
-
-
-def _finished_metrics(proc: subprocess.Popen, workdir: Path) -> list[dict]:
-    """The run's metrics.jsonl rows once it has ended well."""
-    proc.wait(timeout=900)
-    assert proc.returncode == 0, workdir.with_suffix(".err").read_text()[-3000:]
+    proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_ppo_and_grpo_learn_the_toy_task(tmp_path):
-    """Both runs at once (each waits on its sandboxed scoring much of the time; their results do not depend on
-    timing: every dialog's sampling key is its own)."""
-    ppo, grpo = _start_training("rlef_tiny", tmp_path / "ppo", 40), _start_training("grpo_tiny", tmp_path / "grpo", 30)
-    try:
-        _check_ppo(_finished_metrics(ppo, tmp_path / "ppo"))
-        _check_grpo(_finished_metrics(grpo, tmp_path / "grpo"))
-    finally:
-        ppo.kill()
-        grpo.kill()
-
-
-def _check_ppo(history: list[dict]) -> None:
+def test_ppo_learns_the_toy_task_with_feedback_turns(tmp_path):
+    history = _train_in_subprocess("rlef_tiny", tmp_path, 40)
     start, end = _rise(history)
     print(f"PPO (RLEF, 3 turns) reward: first 5 steps {start:+.3f}, last 5 steps {end:+.3f}")
     assert end > start + 0.4
@@ -244,7 +227,8 @@ def _check_ppo(history: list[dict]) -> None:
         assert key in history[-1], key
 
 
-def _check_grpo(history: list[dict]) -> None:
+def test_grpo_learns_the_toy_task(tmp_path):
+    history = _train_in_subprocess("grpo_tiny", tmp_path, 30)
     start, end = _rise(history)
     print(f"GRPO (G=8) reward: first 5 steps {start:+.3f}, last 5 steps {end:+.3f}")
     assert end > start + 0.25

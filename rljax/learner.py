@@ -278,11 +278,11 @@ class Learner:
     def _update_policy_impl(self, state: TrainState, frozen: Any, batch: dict[str, jax.Array]):
         skip_key = "advantages" if self.skips_zero_advantage else None
         return accumulate_and_apply(functools.partial(self._policy_loss, frozen=frozen), self.policy_tx, state,
-                                     batch, self.num_micro, skip_key)
+                                    batch, self.num_micro, skip_key)
 
     def _update_value_impl(self, state: TrainState, frozen: Any, batch: dict[str, jax.Array]):
         return accumulate_and_apply(functools.partial(self._value_loss, frozen=frozen), self.value_tx, state,
-                                     batch, self.num_micro)
+                                    batch, self.num_micro)
 
 
 def _unmicro(x: jax.Array) -> jax.Array:
@@ -291,8 +291,8 @@ def _unmicro(x: jax.Array) -> jax.Array:
 
 
 def accumulate_and_apply(loss_fn: Callable, tx: optax.GradientTransformation, state: TrainState,
-                          batch: dict[str, jax.Array], num_micro: int, skip_if_zero: str | None = None
-                          ) -> tuple[TrainState, dict[str, jax.Array]]:
+                         batch: dict[str, jax.Array], num_micro: int, skip_if_zero: str | None = None
+                         ) -> tuple[TrainState, dict[str, jax.Array]]:
     """Sum the loss and gradients over micro-batches (the loss weights are global, so the sums are the full
     batch's), then one optimizer step. With `skip_if_zero`, a micro-batch whose `batch[skip_if_zero]` is all
     zero is not computed (the caller guarantees its loss is exactly 0 then). Per-micro-batch means among the

@@ -152,7 +152,6 @@ class Trainer:
                                                            weight_decay=0.0), w.micro_batches,
                                   self.config.train.vocab_chunk)
         rows = []
-        path = self.workdir / WARMUP_FILE
         with use_mesh(self.mesh):
             for i, picked in enumerate(schedule(len(demos.trajectories), w.steps, w.batch, self.config.seed)):
                 batch = demonstration_batch([demos.trajectories[j] for j in picked], self.config.train.seq_bucket,
@@ -166,7 +165,7 @@ class Trainer:
             self.ref_params = jax.tree.map(jnp.copy, self.learner.policy_state.params)
             self.reference_saved = True
         if distributed.is_primary():
-            path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+            (self.workdir / WARMUP_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))
         self.warmed_up = True
         self._save(force=True)
         return rows

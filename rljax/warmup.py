@@ -104,7 +104,7 @@ class SupervisedWarmup:
 
     def _update_impl(self, state: TrainState, frozen: Any, batch: dict[str, jax.Array]):
         return accumulate_and_apply(functools.partial(self._loss, frozen=frozen), self.tx, state, batch,
-                                     self.num_micro)
+                                    self.num_micro)
 
     def update(self, batch: dict[str, jax.Array]) -> dict[str, float]:
         """One step on `batch`; its NLL per answer token (before the step) and the gradient norm."""

@@ -52,7 +52,8 @@ def run(source, stdin="", **kw):
     ("exception", "raise ValueError('boom')", "runtime_error"),
 ])
 def test_attack_gets_right_status_and_leaves_nothing(name, source, status):
-    # Faulting in 512 MiB took 2.4 s of CPU on a CI host (0.3 s here): the bomb gets a smaller limit and the time to reach it.
+    # Faulting in 512 MiB took 2.4 s of CPU on a CI host (0.3 s here): the bomb gets a smaller limit and the
+    # time to reach it.
     kw = {"time_limit_s": 10, "memory_limit_mb": 256} if status == "memory_limit" else {}
     for result in run(source, **kw):
         assert result.status == status, (name, result)

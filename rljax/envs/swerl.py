@@ -130,8 +130,10 @@ def changed_definitions(old: str, new: str) -> list[str]:
     repeats; a change outside any definition adds none."""
     a, b = _full_lines(old), _full_lines(new)
     names: list[str] = []
+    if not a:  # a new file: no definition of the old one encloses the change
+        return names
     for tag, i1, _, _, _ in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        if tag == "equal" or not a:
+        if tag == "equal":
             continue
         name = _enclosing_definition(a, min(i1, len(a) - 1))
         if name and name not in names:

@@ -166,6 +166,25 @@ def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: j
     return dense(out_btnh, p["o_nhd"], contract=2), k_bkhs, v_bksh
 
 
+def _fresh_cached_attention(cfg: LlamaConfig, x_utd: jax.Array, p: dict[str, jax.Array], positions_ut: jax.Array,
+                            allowed_utt: jax.Array, inv_freq: np.ndarray, k_bkhs: jax.Array, v_bksh: jax.Array,
+                            rows_b: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One layer's attention for the first T tokens of an empty cache: the U input rows attend to themselves
+    (blocked causal attention, as without a cache: no score against the empty slots), then cache row b gets the
+    keys/values of input row rows_b[b] at slots [0, T) (a prompt shared by several sequences is computed once)."""
+    q_utnh = apply_rope(dense(x_utd, p["q_dnh"]), positions_ut, inv_freq)
+    k_utkh = apply_rope(dense(x_utd, p["k_dkh"]), positions_ut, inv_freq)
+    v_utkh = dense(x_utd, p["v_dkh"])
+    out_utnh = _blocked_self_attention(q_utnh, k_utkh, v_utkh, allowed_utt,
+                                       query_block_count(cfg, q_utnh.shape[1]))
+    out_utnh = constrain(out_utnh, ("batch", "length", "heads", "head_dim"))
+    if rows_b is not None:
+        k_utkh, v_utkh = jnp.take(k_utkh, rows_b, axis=0), jnp.take(v_utkh, rows_b, axis=0)
+    k_bkhs = jax.lax.dynamic_update_slice(k_bkhs, k_utkh.transpose(0, 2, 3, 1).astype(k_bkhs.dtype), (0, 0, 0, 0))
+    v_bksh = jax.lax.dynamic_update_slice(v_bksh, v_utkh.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, 0, 0))
+    return dense(out_utnh, p["o_nhd"], contract=2), k_bkhs, v_bksh
+
+
 MIN_QUERY_BLOCK = 32  # shorter blocks cost more in small matmuls and copies than the skipped keys save
 
 
@@ -271,32 +290,50 @@ class DecoderStack(nnx.Module):
         return tuple(layers)
 
     def with_cache(self, h_btd: jax.Array, positions_bt: jax.Array, mask_bt: jax.Array, cache: KVCache,
-                   layers: Sequence[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, KVCache]:
+                   layers: Sequence[dict[str, jax.Array]] | None = None, *, fresh: bool = False,
+                   rows_b: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
         """All layers over T new tokens (`mask_bt`: real ones) appended to `cache` at slots [index, index + T).
 
         A Python loop over the layers, not a scan, reading `layers` (from `per_layer()`, default: sliced here):
         a decode step reads every weight once, and XLA:CPU materialises every slice of a stacked weight or cache
         (scanned or not) as a copy, ~45% of a SmolLM2 decode step. A sampler slices the weights once per call
         (outside its decode loop); each layer's cache is its own buffer, updated in place.
+
+        fresh: the cache is empty (index 0), so the tokens attend only to each other (no scores against empty
+        slots). Then `rows_b` may map cache row b to input row rows_b[b]: the U input rows are computed once
+        and the hidden states returned are theirs ([U, T, D]).
         """
         cfg = self.config
         inv_freq = rope_inv_freq(cfg)
         t = h_btd.shape[1]
-        valid_bs = jax.lax.dynamic_update_slice(cache.valid_bs, mask_bt, (0, cache.index))
-        visible_ts = jnp.arange(cache.length)[None, :] <= cache.index + jnp.arange(t)[:, None]
-        allowed_bts = valid_bs[:, None, :] & visible_ts[None]
+        if rows_b is not None and not fresh:
+            raise ValueError("DecoderStack.with_cache: rows_b (shared rows) needs fresh=True")
+        if fresh:
+            allowed = jnp.tril(jnp.ones((t, t), bool))[None] & mask_bt[:, None, :]
+            cache_mask_bt = mask_bt if rows_b is None else jnp.take(mask_bt, rows_b, axis=0)
+            valid_bs = jax.lax.dynamic_update_slice(jnp.zeros_like(cache.valid_bs), cache_mask_bt, (0, 0))
+            index = jnp.zeros((), jnp.int32)
+        else:
+            valid_bs = jax.lax.dynamic_update_slice(cache.valid_bs, mask_bt, (0, cache.index))
+            visible_ts = jnp.arange(cache.length)[None, :] <= cache.index + jnp.arange(t)[:, None]
+            allowed = valid_bs[:, None, :] & visible_ts[None]
+            index = cache.index
         keys, values = [], []
         layers = self.per_layer() if layers is None else layers
         for i, p in enumerate(layers):
-            attn, k_bkhs, v_bksh = _cached_attention(rms_norm(h_btd, p["attn_norm_d"], cfg.rms_norm_eps), p,
-                                                     positions_bt, allowed_bts, inv_freq, cache.k_bkhs[i],
-                                                     cache.v_bksh[i], cache.index)
+            x_btd = rms_norm(h_btd, p["attn_norm_d"], cfg.rms_norm_eps)
+            if fresh:
+                attn, k_bkhs, v_bksh = _fresh_cached_attention(cfg, x_btd, p, positions_bt, allowed, inv_freq,
+                                                               cache.k_bkhs[i], cache.v_bksh[i], rows_b)
+            else:
+                attn, k_bkhs, v_bksh = _cached_attention(x_btd, p, positions_bt, allowed, inv_freq, cache.k_bkhs[i],
+                                                         cache.v_bksh[i], index)
             h_btd = h_btd + attn
             h_btd = h_btd + _mlp(rms_norm(h_btd, p["mlp_norm_d"], cfg.rms_norm_eps), p)
             h_btd = constrain(h_btd, ("batch", "length", "act_embed"))
             keys.append(k_bkhs)
             values.append(v_bksh)
-        return h_btd, KVCache(tuple(keys), tuple(values), valid_bs, cache.index + t)
+        return h_btd, KVCache(tuple(keys), tuple(values), valid_bs, index + t)
 
 
 class Llama(nnx.Module):
@@ -314,9 +351,11 @@ class Llama(nnx.Module):
 
     def hidden_states(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
                       attention_mask_bt: jax.Array | None = None, cache: KVCache | None = None,
-                      layers: Sequence[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, KVCache | None]:
+                      layers: Sequence[dict[str, jax.Array]] | None = None, *, fresh: bool = False,
+                      rows_b: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states. With `cache`, tokens are written at slots [index, index + T), reading
-        the per-layer weights `layers` (`self.layers.per_layer()`) when given.
+        the per-layer weights `layers` (`self.layers.per_layer()`) when given; `fresh` and `rows_b` as in
+        `DecoderStack.with_cache` (an empty cache; cache rows that share an input row).
 
         attention_mask_bt: 1/True for real tokens, 0 for padding (left or right). Without a cache,
         positions default to the count of real tokens before each one (HF's left-padding convention).
@@ -333,7 +372,8 @@ class Llama(nnx.Module):
             allowed_btt = jnp.tril(jnp.ones((t, t), bool))[None] & mask_bt[:, None, :]
             h_btd = self.layers(h_btd, positions_bt, allowed_btt)
         else:
-            h_btd, cache = self.layers.with_cache(h_btd, positions_bt, mask_bt, cache, layers)
+            h_btd, cache = self.layers.with_cache(h_btd, positions_bt, mask_bt, cache, layers, fresh=fresh,
+                                                  rows_b=rows_b)
         return rms_norm(h_btd, self.final_norm_d[...], self.config.rms_norm_eps), cache
 
     def logits(self, h_btd: jax.Array) -> jax.Array:

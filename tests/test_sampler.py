@@ -226,6 +226,34 @@ def test_continuing_from_the_cache_equals_reprefilling_the_dialog(tiny):
     assert second[0].finish_reason == "eos" and second[0].token_ids[-1] == eos
 
 
+def test_shared_prompts_are_prefilled_once_and_sample_what_separate_rows_sample(tiny):
+    """A first turn whose prompts repeat (GRPO's group) computes each distinct prompt once and copies its K/V
+    into every row that shares it. Against the unshared pass over the same cache (every row prefilled against
+    the cache): the same tokens for the same key, logprobs within 1e-5, and a continuation from the shared
+    cache equal to re-prefilling each dialog."""
+    a, b = _prompts(8, (9, 4), 512)
+    prompts = [a, b, a, a, b]
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
+    sampler = Sampler(tiny, length_bucket=8)
+    shared, state = sampler.generate(prompts, sampling, jax.random.key(6), cache_capacity=64)
+    weights = sampler._weights()
+    cache = models.KVCache.init(tiny.config, len(prompts), 64)
+    zeros = np.zeros(len(prompts), np.int32)
+    unshared_state = sampler._prefill(weights, cache, prompts, 16, zeros, [True] * len(prompts), zeros, sampling,
+                                      jax.random.key(6))
+    unshared, _ = sampler._run(weights, unshared_state, sampling, jax.random.key(6))
+    assert [c.token_ids for c in shared] == [c.token_ids for c in unshared]
+    assert len({tuple(c.token_ids) for c in shared}) == len(prompts)  # rows that share a prompt still differ
+    for x, y in zip(shared, unshared):
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    feedback = [[3, 4], [5], [6, 7, 8], [9], [10, 11]]
+    continued, _ = sampler.extend(state, feedback, greedy, jax.random.key(7))
+    dialogs = [p + c.token_ids + f for p, c, f in zip(prompts, shared, feedback)]
+    again, _ = Sampler(tiny, length_bucket=8).generate(dialogs, greedy, jax.random.key(0))
+    assert [c.token_ids for c in continued] == [c.token_ids for c in again]
+
+
 def test_stop_string_cuts_at_the_completing_token_and_continuation_forgets_the_rest(tiny):
     prompts = _prompts(5, (6, 9), 512)
     tok = CharTokenizer()

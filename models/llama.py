@@ -147,12 +147,18 @@ def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: j
     """One layer's attention for T new tokens against its cache: their keys/values are written at slots
     [index, index + T) first, then the queries score the whole cache (`allowed_bts`: valid slots up to each
     query's own). Returns the output and the updated key and value buffers."""
-    dt = x_btd.dtype
     q_btnh = apply_rope(dense(x_btd, p["q_dnh"]), positions_bt, inv_freq)
     k_btkh = apply_rope(dense(x_btd, p["k_dkh"]), positions_bt, inv_freq)
     v_btkh = dense(x_btd, p["v_dkh"])
     k_bkhs = jax.lax.dynamic_update_slice(k_bkhs, k_btkh.transpose(0, 2, 3, 1).astype(k_bkhs.dtype), (0, 0, 0, index))
     v_bksh = jax.lax.dynamic_update_slice(v_bksh, v_btkh.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, index, 0))
+    return dense(_attend_cache(q_btnh, k_bkhs, v_bksh, allowed_bts), p["o_nhd"], contract=2), k_bkhs, v_bksh
+
+
+def _attend_cache(q_btnh: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array, allowed_bts: jax.Array) -> jax.Array:
+    """T queries per row against a cache buffer ([B, K, H, S] keys, [B, K, S, H] values); `allowed_bts` marks
+    the slots each query may see. Returns [B, T, N, H]."""
+    dt = q_btnh.dtype
     b, t, n, h = q_btnh.shape
     kv = k_bkhs.shape[1]
     g = n // kv
@@ -162,8 +168,21 @@ def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: j
     probs = jax.nn.softmax(scores, axis=-1).astype(dt).reshape(b, kv, g * t, -1)
     out_bkqh = jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh.astype(dt))
     out_btnh = out_bkqh.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
-    out_btnh = constrain(out_btnh, ("batch", "length", "heads", "head_dim"))
-    return dense(out_btnh, p["o_nhd"], contract=2), k_bkhs, v_bksh
+    return constrain(out_btnh, ("batch", "length", "heads", "head_dim"))
+
+
+def _row_cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array,
+                          columns_bt: jax.Array, allowed_bts: jax.Array, inv_freq: np.ndarray, k_bkhs: jax.Array,
+                          v_bksh: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """As `_cached_attention`, but token t of row b is written at its own slot columns_bt[b, t] (each row
+    fills its cache at its own pace; a column past the buffer drops the write: padding, idle rows)."""
+    q_btnh = apply_rope(dense(x_btd, p["q_dnh"]), positions_bt, inv_freq)
+    k_btkh = apply_rope(dense(x_btd, p["k_dkh"]), positions_bt, inv_freq)
+    v_btkh = dense(x_btd, p["v_dkh"])
+    rows = jnp.arange(x_btd.shape[0])[:, None]
+    k_bkhs = k_bkhs.at[rows, :, :, columns_bt].set(k_btkh.astype(k_bkhs.dtype), mode="drop")
+    v_bksh = v_bksh.at[rows, :, columns_bt, :].set(v_btkh.astype(v_bksh.dtype), mode="drop")
+    return dense(_attend_cache(q_btnh, k_bkhs, v_bksh, allowed_bts), p["o_nhd"], contract=2), k_bkhs, v_bksh
 
 
 def _fresh_cached_attention(cfg: LlamaConfig, x_utd: jax.Array, p: dict[str, jax.Array], positions_ut: jax.Array,
@@ -336,6 +355,29 @@ class DecoderStack(nnx.Module):
         return h_btd, KVCache(tuple(keys), tuple(values), valid_bs, index + t)
 
 
+    def with_row_cache(self, h_btd: jax.Array, positions_bt: jax.Array, columns_bt: jax.Array, cache: KVCache,
+                       layers: Sequence[dict[str, jax.Array]]) -> tuple[jax.Array, KVCache]:
+        """All layers over T tokens per row written at the row's own cache slots `columns_bt` (a column >= the
+        cache length: not written, e.g. padding or a row that takes no token now). Each query sees the valid
+        slots up to its own column. The cache's `index` is not used (rows keep their own fill)."""
+        cfg = self.config
+        inv_freq = rope_inv_freq(cfg)
+        rows = jnp.arange(h_btd.shape[0])[:, None]
+        valid_bs = cache.valid_bs.at[rows, columns_bt].set(True, mode="drop")
+        allowed_bts = valid_bs[:, None, :] & (jnp.arange(cache.length)[None, None, :] <= columns_bt[:, :, None])
+        keys, values = [], []
+        for i, p in enumerate(layers):
+            attn, k_bkhs, v_bksh = _row_cached_attention(rms_norm(h_btd, p["attn_norm_d"], cfg.rms_norm_eps), p,
+                                                         positions_bt, columns_bt, allowed_bts, inv_freq,
+                                                         cache.k_bkhs[i], cache.v_bksh[i])
+            h_btd = h_btd + attn
+            h_btd = h_btd + _mlp(rms_norm(h_btd, p["mlp_norm_d"], cfg.rms_norm_eps), p)
+            h_btd = constrain(h_btd, ("batch", "length", "act_embed"))
+            keys.append(k_bkhs)
+            values.append(v_bksh)
+        return h_btd, KVCache(tuple(keys), tuple(values), valid_bs, cache.index)
+
+
 class Llama(nnx.Module):
     """Decoder-only Llama. `__call__` gives fp32 logits [B, T, V]; `hidden_states` the final-normed [B, T, D]."""
 
@@ -366,15 +408,22 @@ class Llama(nnx.Module):
             if cache is not None:
                 raise ValueError("Llama.hidden_states: positions_bt is required when a KV cache is given")
             positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=-1) - 1, 0)
-        dt = jnp.dtype(self.config.dtype)
-        h_btd = constrain(jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(dt), ("batch", "length", "act_embed"))
+        h_btd = self.embed(tokens_bt)
         if cache is None:
             allowed_btt = jnp.tril(jnp.ones((t, t), bool))[None] & mask_bt[:, None, :]
             h_btd = self.layers(h_btd, positions_bt, allowed_btt)
         else:
             h_btd, cache = self.layers.with_cache(h_btd, positions_bt, mask_bt, cache, layers, fresh=fresh,
                                                   rows_b=rows_b)
-        return rms_norm(h_btd, self.final_norm_d[...], self.config.rms_norm_eps), cache
+        return self.final_norm(h_btd), cache
+
+    def embed(self, tokens_bt: jax.Array) -> jax.Array:
+        """Token embeddings [B, T, D] in the compute dtype."""
+        h_btd = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(jnp.dtype(self.config.dtype))
+        return constrain(h_btd, ("batch", "length", "act_embed"))
+
+    def final_norm(self, h_btd: jax.Array) -> jax.Array:
+        return rms_norm(h_btd, self.final_norm_d[...], self.config.rms_norm_eps)
 
     def logits(self, h_btd: jax.Array) -> jax.Array:
         head_dv = self.embed_vd[...].T if self.config.tie_word_embeddings else self.lm_head_dv[...]

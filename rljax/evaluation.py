@@ -22,9 +22,10 @@ from executor.pool import ExecutorPool
 from models.sampler import Sampler, SamplingParams
 from models.sharding import use_mesh
 from rljax import eval as estimators
+from rljax.engine import SlotRolloutRunner, rollout_runner
 from rljax.envs.base import ProblemError
 from rljax.problems import prompt_checked
-from rljax.rollout import RolloutRunner, Trajectory
+from rljax.rollout import Trajectory
 
 log = logging.getLogger("rljax.evaluation")
 
@@ -139,8 +140,8 @@ class Evaluator:
                                pad_id=pad_id)
         self._own_pool = pool is None
         self.pool = pool or ExecutorPool(config.rollout.executor_workers or None)
-        self.runner = RolloutRunner(self.sampler, self.codec, self.env, self.pool, self.sampling,
-                                    config.rollout.cache_capacity, config.rollout.num_chunks)
+        self.runner = rollout_runner(config, self.sampler, self.codec, self.env, self.pool, self.sampling,
+                                     e.batch_dialogs)
 
     def run(self, policy: Any = None, progress: bool = False) -> dict[str, Any]:
         """Evaluate (the given policy, else the one it was built with); the report with every dialog."""
@@ -153,8 +154,9 @@ class Evaluator:
         records: list[dict[str, Any]] = []
         started = time.perf_counter()
         bar = tqdm(total=len(episodes), desc="eval", disable=not progress, dynamic_ncols=True)
-        for start in range(0, len(episodes), e.batch_dialogs):
-            chunk = episodes[start:start + e.batch_dialogs]
+        per_call = len(episodes) if isinstance(self.runner, SlotRolloutRunner) else e.batch_dialogs  # slots refill
+        for start in range(0, len(episodes), per_call):
+            chunk = episodes[start:start + per_call]
             names = [str(row.get("name") or row.get("instance_id")) for row, _ in chunk]
             key = jax.random.fold_in(jax.random.key(e.seed), start)
             with use_mesh(self.mesh):

@@ -189,10 +189,11 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
     comp["sampler per-layer weights"] = layers
     a = _itemsize(arch.dtype)
     kv_dev = _split(arch.num_kv_heads, tensor)
-    dialogs_dev = _split(dialogs, batch_ways)
-    comp["KV cache (all dialogs)"] = dialogs_dev * r.cache_capacity * (
+    slots = r.engine == "slots"  # one cache of `slots` rows (rljax.engine), else one row per dialog
+    cache_rows = min(r.slots or dialogs, dialogs) if slots else dialogs
+    comp["KV cache (all dialogs)"] = _split(cache_rows, batch_ways) * r.cache_capacity * (
         2 * arch.num_layers * kv_dev * arch.head_dim * a + 1)
-    chunk_dev = _split(math.ceil(dialogs / r.num_chunks), batch_ways)
+    chunk_dev = _split(cache_rows if slots else math.ceil(dialogs / r.num_chunks), batch_ways)
     width = prefill_tokens or min(r.cache_capacity - r.max_new_tokens, 2048)
     heads_dev = _split(arch.num_heads, tensor)
     comp["prefill attention (one chunk)"] = chunk_dev * (
@@ -214,7 +215,8 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
         chunk_tokens * LOGIT_COPIES * _split(arch.vocab_size, tensor) * 4 + head_fp32)
     assumptions = [
         f"mesh data={sizes['data']} fsdp={sizes['fsdp']} tensor={sizes['tensor']} on {topology.devices} devices",
-        f"{dialogs} dialogs per step, cache {r.cache_capacity} tokens each, {r.num_chunks} rollout chunks",
+        f"{dialogs} dialogs per step, cache {r.cache_capacity} tokens each, "
+        + (f"{cache_rows} rollout slots" if slots else f"{r.num_chunks} rollout chunks"),
         f"prefill of {width} new tokens against the full cache",
         f"update: {config.train.micro_batches} micro-batches of {dialogs // config.train.micro_batches} dialogs "
         f"at the full {length}-token context, remat={arch.remat}, params {arch.param_dtype}, compute {arch.dtype}",

@@ -72,6 +72,8 @@ class RolloutStats:
     score_wait_s: float = 0.0  # main-thread time blocked on executor results: the devices wait on the hosts
     executor_errors: int = 0
     context_full: int = 0
+    decode_slot_steps: int = 0  # slots x decode steps run (the slots engine; a kept token fills one of them)
+    decode_kv_slots_read: int = 0  # cache slots the decode steps attended to, summed over slots and steps
 
     def add(self, other: "RolloutStats") -> None:
         """Accumulate another round's counts and times (dynamic sampling runs several rounds per step)."""
@@ -149,38 +151,40 @@ class RolloutRunner:
                  trajectories: list[Trajectory], stats: RolloutStats) -> None:
         t0 = time.perf_counter()
         for i, future in pending:
-            result: StepResult = future.result()
-            trajectory = trajectories[i]
-            trajectory.rewards.append(result.reward)
-            trajectory.statuses.append(result.status)
-            trajectory.done = result.done
-            if result.status == EXECUTOR_ERROR:
-                trajectory.trainable = False
-                stats.executor_errors += 1
+            self._take_result(trajectories[i], future.result(), stats)
         stats.score_wait_s += time.perf_counter() - t0
+
+    @staticmethod
+    def _take_result(trajectory: Trajectory, result: StepResult, stats: RolloutStats) -> None:
+        trajectory.rewards.append(result.reward)
+        trajectory.statuses.append(result.status)
+        trajectory.done = result.done
+        if result.status == EXECUTOR_ERROR:
+            trajectory.trainable = False
+            stats.executor_errors += 1
 
     def _continuations(self, rows: list[int], episodes: Sequence[Episode], trajectories: list[Trajectory],
                        state: Any, stats: RolloutStats) -> list[list[int] | None]:
-        """The next turn's ids per row of a chunk (None when its dialog is over). A dialog whose next turn
-        does not fit the cache ends here, its last answer taken as final."""
+        """The next turn's ids per row of a chunk (None when its dialog is over)."""
         room = self.cache_capacity - int(state.cache.index) - self.sampling.max_new_tokens
-        out: list[list[int] | None] = []
-        for i in rows:
-            trajectory = trajectories[i]
-            if trajectory.done:
-                out.append(None)
-                continue
-            feedback = episodes[i].messages[-1]["content"]
-            ids = self.codec.continuation_ids(trajectory.finish_reasons[-1] == FINISH_EOS, feedback)
-            if len(ids) + 1 > room:
-                ended = episodes[i].end_early(CONTEXT_FULL)
-                trajectory.rewards[-1], trajectory.statuses[-1], trajectory.done = ended.reward, ended.status, True
-                stats.context_full += 1
-                out.append(None)
-                continue
-            trajectory.append(ids, sampled=False)
-            out.append(ids)
-        return out
+        return [self._next_turn(episodes[i], trajectories[i], room, stats) for i in rows]
+
+    def _next_turn(self, episode: Episode, trajectory: Trajectory, room: int, stats: RolloutStats
+                   ) -> list[int] | None:
+        """The ids that continue a dialog after its scored answer, appended to its trajectory; None when the
+        dialog is over. A dialog whose next turn (and its pending token) does not fit in `room` cache slots
+        ends here as `context_full`, its last answer taken as final."""
+        if trajectory.done:
+            return None
+        feedback = episode.messages[-1]["content"]
+        ids = self.codec.continuation_ids(trajectory.finish_reasons[-1] == FINISH_EOS, feedback)
+        if len(ids) + 1 > room:
+            ended = episode.end_early(CONTEXT_FULL)
+            trajectory.rewards[-1], trajectory.statuses[-1], trajectory.done = ended.reward, ended.status, True
+            stats.context_full += 1
+            return None
+        trajectory.append(ids, sampled=False)
+        return ids
 
 
 def _safe_step(episode: Episode, answer: str) -> StepResult:

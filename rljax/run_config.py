@@ -49,7 +49,10 @@ def base_config() -> ConfigDict:
         "time_limit_s": 10.0, "memory_limit_mb": 1024, "use_problem_limits": True, "reward_variant": "similarity"})
     c.rollout = ConfigDict({
         "problems_per_step": 8, "samples_per_problem": 1, "max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0,
-        "top_k": 0, "cache_capacity": 4096, "length_bucket": 64, "num_chunks": 2, "executor_workers": 0})
+        "top_k": 0, "cache_capacity": 4096, "length_bucket": 64, "num_chunks": 2, "executor_workers": 0,
+        # engine: chunks (rljax.rollout: the batch in num_chunks lockstep chunks) | slots (rljax.engine: every live
+        # dialog in one decode batch of `slots` slots, 0 = all dialogs, refilled as turns end; one process only)
+        "engine": "chunks", "slots": 0, "check_every": 16})
     # policy-optimisation variants (README "Variants"; the defaults are the papers' settings):
     # clip_eps_high (0 = clip_eps) and dual_clip (0 = off) on the ratio; ratio_level token | sequence (GSPO);
     # group_baseline group_mean | leave_one_out (RLOO); scale_by_std False + aggregation constant_length is
@@ -95,14 +98,14 @@ CHOICES = {
     "data.source": DATA_SOURCES, "eval.source": ("",) + DATA_SOURCES,
     "checkpoint.resume": ("auto", "require", "never"), "distributed.mode": DISTRIBUTED_MODES,
     "model.remat": ("", "none", "full", "dots_saveable"),
-    "algo.ratio_level": RATIO_LEVELS, "algo.group_baseline": BASELINES,
+    "algo.ratio_level": RATIO_LEVELS, "algo.group_baseline": BASELINES, "rollout.engine": ("chunks", "slots"),
 }
 POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_problem", "rollout.max_new_tokens",
             "rollout.cache_capacity", "rollout.length_bucket", "rollout.num_chunks", "train.micro_batches",
             "train.seq_bucket", "train.vocab_chunk", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs",
             "eval.samples_per_problem", "eval.batch_dialogs", "eval.bootstrap_resamples", "warmup.batch",
-            "warmup.micro_batches")
-NON_NEGATIVE = ("log.samples_per_step", "warmup.steps")
+            "warmup.micro_batches", "rollout.check_every")
+NON_NEGATIVE = ("log.samples_per_step", "warmup.steps", "rollout.slots")
 
 
 def _get(config: ConfigDict, dotted: str) -> Any:

@@ -26,11 +26,12 @@ from rljax import batching
 from rljax import distributed
 from rljax import shaping
 from rljax.checkpointing import ResumeError, TrainCheckpointer
+from rljax.engine import rollout_runner
 from rljax.learner import Learner, OptimConfig
 from rljax.metrics import WARMUP_FILE, MetricsWriter, SampleWriter
 from rljax.ppo import explained_variance
 from rljax.problems import ProblemStream, prompt_checked
-from rljax.rollout import RolloutRunner, RolloutStats, Trajectory
+from rljax.rollout import RolloutStats, Trajectory
 from rljax.run_config import (base_model_name, build_codec, build_env, build_mesh, build_policy, load_rows,
                                loss_config, optim_config, validate)
 
@@ -85,8 +86,7 @@ class Trainer:
                                length_bucket=r.length_bucket, pad_id=pad_id)
         batch = r.problems_per_step * r.samples_per_problem
         self.pool = ExecutorPool(r.executor_workers or None, max_pending=2 * batch + 8)
-        self.rollouts = RolloutRunner(self.sampler, self.codec, self.env, self.pool, self.sampling,
-                                      r.cache_capacity, r.num_chunks)
+        self.rollouts = rollout_runner(config, self.sampler, self.codec, self.env, self.pool, self.sampling, batch)
         c = config.checkpoint
         self.checkpointer = TrainCheckpointer(self.workdir, c.every, c.keep, c.async_save)
         self.step_count = 0
@@ -381,6 +381,9 @@ def rollout_metrics(trajectories: list[Trajectory], stats: RolloutStats, max_tur
     out["rollout/executor_errors"] = stats.executor_errors
     out["rollout/context_full"] = stats.context_full
     out["rollout/dialogs"] = len(trajectories)
+    if stats.decode_slot_steps:  # the slots engine: decode slot-steps that sampled a kept token
+        decoded = sum(sum(t.sampled) for t in trajectories) - sum(len(t.finish_reasons) for t in trajectories)
+        out["perf/decode_slot_use"] = decoded / stats.decode_slot_steps
     return out
 
 

@@ -316,3 +316,4 @@ def test_eight_device_mesh_gives_the_same_greedy_tokens():
     assert result["devices"] == 8 and result["cache_devices"] == 8
     assert result["single"] == result["sharded"]
     assert result["single_continued"] == result["sharded_continued"]
+    assert result["single_slots"] == result["sharded_slots"] == result["single"]  # slots admitted at two times

@@ -1,0 +1,187 @@
+"""Rollouts over fixed decode slots (`rollout.engine = "slots"`): every live dialog decodes in one batch, and a
+slot is refilled as soon as its turn is settled, instead of chunks that wait for their slowest answer.
+
+The loop, on one host:
+1. answers whose scores came back settle their dialogs: a dialog that goes on gets its feedback turn prefilled
+   into its own slot (after what that slot's cache row holds); a dialog that is over frees its slot;
+2. free slots take the next dialogs waiting to start (their prompts prefilled from column 0);
+3. one `models.slots.decode` call runs every live slot for up to `check_every` tokens;
+4. slots whose answer ended (stop id or the token budget) go to the executor pool at once, and the device keeps
+   decoding the others while it scores them.
+The device waits on the executor only when no slot is live and nothing can be admitted (`score_wait_s`).
+
+A dialog's tokens depend only on the dialog: dialog i samples the token at position p with the key
+fold_in(fold_in(key, i), p), whatever slot it got and whatever order the scores arrived in. Recorded per dialog
+exactly as `rljax.rollout.RolloutRunner` records it (the same `Trajectory`), so the learner sees no difference.
+Runs in one process (the scheduling follows this host's executor); multi-host runs use the chunked rollout.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from executor.pool import ExecutorPool
+from models.llama import KVCache
+from models.sampler import FINISH_EOS, FINISH_LENGTH, Completion, Sampler, SamplingParams, attention_window
+from models.slots import SlotState, admit, decode, host_rows
+from rljax.dialog import DialogCodec
+from rljax.envs.base import Env, Episode
+from rljax.rollout import RolloutRunner, RolloutStats, Trajectory
+
+FREE, LIVE, SCORING = "free", "live", "scoring"
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class SlotRolloutRunner(RolloutRunner):
+    """Runs a batch of episodes to the end on `num_slots` decode slots (see the module doc)."""
+
+    def __init__(self, sampler: Sampler, codec: DialogCodec, env: Env, pool: ExecutorPool, sampling: SamplingParams,
+                 cache_capacity: int, num_slots: int, check_every: int = 16):
+        super().__init__(sampler, codec, env, pool, sampling, cache_capacity)
+        if num_slots < 1:
+            raise ValueError(f"rollout.slots must be >= 1, got {num_slots}")
+        if check_every < 1:
+            raise ValueError(f"rollout.check_every must be >= 1, got {check_every}")
+        if sampling.stop_strings:
+            raise ValueError("rollout.engine 'slots' ends answers on stop ids only; stop strings need the "
+                             "'chunks' engine")
+        self.num_slots, self.check_every = num_slots, check_every
+
+    def run(self, episodes: Sequence[Episode], groups: Sequence[int], names: Sequence[str], key: jax.Array
+            ) -> tuple[list[Trajectory], RolloutStats]:
+        if jax.process_count() > 1:
+            raise ValueError("rollout.engine 'slots' runs in one process; use 'chunks' for a multi-host run")
+        started = time.perf_counter()
+        stats = RolloutStats()
+        trajectories = [Trajectory(name, group) for name, group in zip(names, groups)]
+        model = self.sampler.model
+        slots = min(self.num_slots, len(episodes))
+        cache = self.sampler._place(KVCache.init(model.config, slots, self.cache_capacity, self.sampler.cache_dtype))
+        state = SlotState.init(cache, self.sampling.max_new_tokens)
+        weights = self.sampler._weights()
+        temperature, top_p = self.sampler._scalars(self.sampling)
+        static = self.sampler._static(self.sampling)
+        owner, phase = [-1] * slots, [FREE] * slots
+        scoring: dict[int, cf.Future] = {}
+        waiting = collections.deque(range(len(episodes)))
+        rows = host_rows(state)
+        while True:
+            admissions: list[tuple[int, list[int], bool]] = []  # (slot, ids, new dialog)
+            ready = [b for b, future in scoring.items() if future.done()]
+            can_start = bool(waiting) and FREE in phase
+            if not ready and scoring and not can_start and LIVE not in phase:  # the device has nothing to do
+                t0 = time.perf_counter()
+                cf.wait(list(scoring.values()), return_when=cf.FIRST_COMPLETED)
+                stats.score_wait_s += time.perf_counter() - t0
+                ready = [b for b, future in scoring.items() if future.done()]
+            for b in sorted(ready):
+                i = owner[b]
+                self._take_result(trajectories[i], scoring.pop(b).result(), stats)
+                room = self.cache_capacity - int(rows["fill_b"][b]) - self.sampling.max_new_tokens
+                ids = self._next_turn(episodes[i], trajectories[i], room, stats)
+                if ids is None:
+                    owner[b], phase[b] = -1, FREE
+                else:
+                    admissions.append((b, [int(rows["last_b"][b])] + ids, False))
+            for b in range(slots):
+                if phase[b] == FREE and waiting:
+                    i = waiting.popleft()
+                    prompt = self.codec.prompt_ids(episodes[i].messages)
+                    if len(prompt) + self.sampling.max_new_tokens > self.cache_capacity:
+                        raise ValueError(f"rollout.cache_capacity ({self.cache_capacity}) is too small for dialog "
+                                         f"{names[i]!r}: its prompt ({len(prompt)} tokens) and max_new_tokens "
+                                         f"({self.sampling.max_new_tokens})")
+                    trajectories[i].append(prompt, sampled=False)
+                    owner[b] = i
+                    admissions.append((b, prompt, True))
+            if not admissions and LIVE not in phase:
+                if not scoring and not waiting:
+                    break
+                continue
+            t0 = time.perf_counter()
+            if admissions:
+                state = self._admit(weights, state, admissions, owner, rows, key, temperature, top_p, static)
+                for b, _, _ in admissions:
+                    phase[b] = LIVE
+                rows = host_rows(state)
+            live = rows["live_b"] & np.asarray([p == LIVE for p in phase])
+            if live.any():
+                window = attention_window(min(int(rows["fill_b"][live].max()) + self.check_every,
+                                              self.cache_capacity), self.cache_capacity)
+                state = decode(*weights, state, jnp.int32(self.check_every), key, temperature, top_p,
+                               static=static, mesh_rules=self.sampler._mesh_rules, window=window)
+                before, rows = rows["count_b"], host_rows(state)
+                steps = int((rows["count_b"] - before)[live].max())
+                stats.decode_slot_steps += steps * slots
+                stats.decode_kv_slots_read += steps * slots * window
+            stats.generate_s += time.perf_counter() - t0
+            finished = [b for b in range(slots) if phase[b] == LIVE and not rows["live_b"][b]]
+            if finished:
+                tokens, logprobs, entropies = (np.asarray(x) for x in (state.tokens_bn, state.logprobs_bn,
+                                                                        state.entropy_bn))
+                for b in finished:
+                    n = int(rows["count_b"][b])
+                    ids = tokens[b, :n].tolist()
+                    reason = FINISH_EOS if ids and ids[-1] in self.sampling.stop_ids else FINISH_LENGTH
+                    completion = Completion(ids, logprobs[b, :n].copy(), None, reason, entropies[b, :n].copy())
+                    scoring[b] = self._record_answer(owner[b], completion, episodes, trajectories, stats)
+                    phase[b] = SCORING
+        stats.total_s = time.perf_counter() - started
+        return trajectories, stats
+
+    def _admit(self, weights: tuple, state: SlotState, admissions: list[tuple[int, list[int], bool]],
+               owner: list[int], rows: dict[str, np.ndarray], key: jax.Array, temperature: jax.Array,
+               top_p: jax.Array, static: object) -> SlotState:
+        """One prefill for every admitted slot: each continuation is its own segment, and new dialogs with the
+        same prompt (a GRPO group) share one. Segments are padded to a power of two, slots to the batch."""
+        slots = len(owner)
+        segments: list[list[int]] = []
+        row, reset, source = [], [], []
+        first_of: dict[tuple[int, ...], int] = {}
+        for b, ids, new in admissions:
+            u = first_of.setdefault(tuple(ids), len(segments)) if new else len(segments)
+            if u == len(segments):
+                segments.append(ids)
+                row.append(b)
+                reset.append(new)
+            source.append(u)
+        count = min(1 << (len(segments) - 1).bit_length(), slots)
+        width = _round_up(max(len(ids) for ids in segments), self.sampler.length_bucket)
+        tokens = np.full((count, width), self.sampler.pad_id, np.int32)
+        length, row_u, reset_u = np.zeros(count, np.int32), np.zeros(count, np.int32), np.ones(count, bool)
+        for u, ids in enumerate(segments):
+            tokens[u, :len(ids)], length[u], row_u[u], reset_u[u] = ids, len(ids), row[u], reset[u]
+        slot_a, source_a, sequence_a = np.full(slots, slots, np.int32), np.zeros(slots, np.int32), np.zeros(slots,
+                                                                                                           np.int32)
+        for a, ((b, _, _), u) in enumerate(zip(admissions, source)):
+            slot_a[a], source_a[a], sequence_a[a] = b, u, owner[b]
+        vocab = self.sampler.model.config.vocab_size
+        if tokens.min() < 0 or tokens.max() >= vocab:
+            raise ValueError(f"rollout: token ids must be in [0, {vocab}), got [{tokens.min()}, {tokens.max()}]")
+        end = max((0 if new else int(rows["fill_b"][b])) + len(ids) for b, ids, new in admissions)
+        window = attention_window(end, self.cache_capacity)
+        arrays = (tokens, length, row_u, reset_u, slot_a, source_a, sequence_a)
+        return admit(*weights, state, *(jnp.asarray(x) for x in arrays), key, temperature, top_p, static=static,
+                     mesh_rules=self.sampler._mesh_rules, window=window)
+
+
+def rollout_runner(config: object, sampler: Sampler, codec: DialogCodec, env: Env, pool: ExecutorPool,
+                   sampling: SamplingParams, dialogs: int) -> RolloutRunner:
+    """The rollout `config.rollout.engine` names; the slots engine gets `rollout.slots` slots (0: `dialogs`, the
+    most one call runs at once)."""
+    r = config.rollout
+    if r.engine == "slots":
+        if jax.process_count() > 1:
+            raise ValueError("config.rollout.engine: 'slots' runs in one process; use 'chunks' for a multi-host run")
+        return SlotRolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.slots or dialogs,
+                                 r.check_every)
+    return RolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.num_chunks)

@@ -1,0 +1,134 @@
+"""rljax.engine / models.slots: dialogs on refilled decode slots sample exactly what a dialog alone samples, in
+any order the executor answers, with the chunked rollout's greedy tokens; context_full and bad input."""
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from executor.pool import ExecutorPool
+from models import Llama, LlamaConfig
+from models.sampler import Sampler, SamplingParams
+from rljax import toy
+from rljax.engine import SlotRolloutRunner
+from rljax.envs.base import StepResult
+from rljax.rollout import CONTEXT_FULL, RolloutRunner
+
+
+class ScriptedEpisode:
+    """Feedback "<turn><answer length>"; a dialog ends after `turns` answers. Scoring sleeps `delays[turn]`."""
+
+    def __init__(self, number: int, turns: int, delays: tuple[float, ...]):
+        self.messages = [{"role": "user", "content": str(number)}]
+        self.turn, self.turns, self.delays = 0, turns, delays
+
+    def step(self, answer: str) -> StepResult:
+        time.sleep(self.delays[self.turn % len(self.delays)])
+        self.turn += 1
+        self.messages.append({"role": "assistant", "content": answer})
+        done = self.turn >= self.turns
+        feedback = None if done else f"{self.turn}{len(answer) % 10}"
+        if feedback is not None:
+            self.messages.append({"role": "user", "content": feedback})
+        return StepResult(float(len(answer) % 3), done, feedback, "done" if done else "failed")
+
+    def end_early(self, status: str) -> StepResult:
+        return StepResult(-1.0, True, None, status)
+
+
+class ScriptedEnv:
+    max_turns = 3
+
+    def __init__(self, turns: list[int], delays: list[tuple[float, ...]], numbers: list[int] | None = None):
+        self.turns, self.delays = turns, delays
+        self.numbers = numbers or [i * 37 % 1000 for i in range(len(turns))]
+
+    def open(self, i: int) -> ScriptedEpisode:
+        return ScriptedEpisode(self.numbers[i], self.turns[i], self.delays[i])
+
+
+@pytest.fixture(scope="module")
+def digit_model():
+    config = LlamaConfig.preset("tiny", vocab_size=toy.VOCAB_SIZE)
+    return Llama(config, rngs=nnx.Rngs(3))
+
+
+def _run(runner_cls, model, env, count, sampling, capacity=256, **kwargs):
+    pool = ExecutorPool(4)
+    try:
+        runner = runner_cls(Sampler(model, length_bucket=8, pad_id=toy.EOT), toy.DigitCodec(), env, pool, sampling,
+                            capacity, **kwargs)
+        trajectories, stats = runner.run([env.open(i) for i in range(count)], list(range(count)),
+                                         [str(i) for i in range(count)], jax.random.key(5))
+    finally:
+        pool.close()
+    return trajectories, stats
+
+
+def test_refilled_slots_sample_each_dialog_as_alone_whatever_order_the_scores_come_in(digit_model):
+    """7 dialogs of 1-3 turns on 3 slots: slots are refilled as dialogs end. With scoring delays that reverse the
+    order results arrive in, every dialog's tokens and logprobs are unchanged, and a dialog run alone on one slot
+    samples the same tokens (a key per dialog and position, not per slot)."""
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, stop_ids=(toy.EOT,))
+    turns = [3, 1, 2, 3, 1, 2, 3]
+    fast = ScriptedEnv(turns, [(0.0,)] * 7)
+    slow_first = ScriptedEnv(turns, [(0.3 * (7 - i) / 7, 0.0, 0.2 * (i % 2)) for i in range(7)])
+    a, stats = _run(SlotRolloutRunner, digit_model, fast, 7, sampling, num_slots=3, check_every=4)
+    b, _ = _run(SlotRolloutRunner, digit_model, slow_first, 7, sampling, num_slots=3, check_every=3)
+    assert [t.num_turns for t in a] == turns
+    assert [t.tokens for t in a] == [t.tokens for t in b]
+    for x, y in zip(a, b):
+        assert x.sampled == y.sampled and x.value_positions == y.value_positions and x.rewards == y.rewards
+        np.testing.assert_allclose(x.sampler_logprobs, y.sampler_logprobs, atol=1e-5)
+    alone, _ = _run(SlotRolloutRunner, digit_model, ScriptedEnv(turns[4:5] * 7, [(0.0,)] * 7), 7, sampling,
+                    num_slots=1)
+    assert alone[4].tokens[:len(a[4].tokens)] == a[4].tokens
+    assert stats.decode_slot_steps >= sum(sum(t.sampled) for t in a) - sum(t.num_turns for t in a)
+
+
+def test_a_group_sharing_a_prompt_is_prefilled_once_and_samples_as_one_slot_at_a_time(digit_model):
+    """Dialogs 0-2 and 3-5 ask the same problem (GRPO groups): admitted together, each group's prompt is one
+    prefill segment; every dialog samples what it samples on a single slot (where nothing is shared)."""
+    sampling = SamplingParams(max_new_tokens=10, temperature=1.0, stop_ids=(toy.EOT,))
+    env = ScriptedEnv([2, 1, 3, 2, 3, 1], [(0.0,)] * 6, numbers=[41, 41, 41, 907, 907, 907])
+    shared, _ = _run(SlotRolloutRunner, digit_model, env, 6, sampling, num_slots=6)
+    alone, _ = _run(SlotRolloutRunner, digit_model, env, 6, sampling, num_slots=1)
+    assert [t.tokens for t in shared] == [t.tokens for t in alone]
+    assert len({tuple(t.tokens) for t in shared}) == 6  # same prompt, different answers
+
+
+def test_logprobs_equal_a_teacher_forced_pass_over_the_whole_dialog(digit_model):
+    import jax.numpy as jnp
+
+    sampling = SamplingParams(max_new_tokens=10, temperature=0.8, stop_ids=(toy.EOT,))
+    trajectories, _ = _run(SlotRolloutRunner, digit_model, ScriptedEnv([3, 2, 3, 1], [(0.0,)] * 4), 4, sampling,
+                           num_slots=2, check_every=5)
+    for t in trajectories:
+        logits, _ = digit_model(jnp.asarray([t.tokens]))
+        logp = np.asarray(jax.nn.log_softmax(logits[0] / 0.8, axis=-1))
+        where = np.flatnonzero(t.sampled)
+        np.testing.assert_allclose(np.asarray(t.sampler_logprobs)[where], logp[where - 1, np.asarray(t.tokens)[where]],
+                                   atol=1e-4)
+
+
+def test_greedy_slots_equal_the_chunked_rollout(digit_model):
+    sampling = SamplingParams(max_new_tokens=8, temperature=0.0, stop_ids=(toy.EOT,))
+    turns = [2, 3, 1, 3, 2]
+    env = ScriptedEnv(turns, [(0.0,)] * 5)
+    slots, _ = _run(SlotRolloutRunner, digit_model, env, 5, sampling, num_slots=2, check_every=4)
+    chunks, _ = _run(RolloutRunner, digit_model, env, 5, sampling, num_chunks=2)
+    assert [t.tokens for t in slots] == [t.tokens for t in chunks]
+    assert [t.value_positions for t in slots] == [t.value_positions for t in chunks]
+
+
+def test_a_turn_that_does_not_fit_ends_as_context_full_and_a_prompt_that_does_not_fit_fails_at_start(digit_model):
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, stop_ids=(toy.EOT,))
+    trajectories, stats = _run(SlotRolloutRunner, digit_model, ScriptedEnv([3] * 3, [(0.0,)] * 3), 3, sampling,
+                               capacity=24, num_slots=2)
+    assert stats.context_full == 3 and all(t.statuses[-1] == CONTEXT_FULL for t in trajectories)
+    with pytest.raises(ValueError, match=r"rollout.cache_capacity \(10\) is too small"):
+        _run(SlotRolloutRunner, digit_model, ScriptedEnv([1], [(0.0,)]), 1, sampling, capacity=10, num_slots=1)
+    with pytest.raises(ValueError, match="stop strings"):
+        _run(SlotRolloutRunner, digit_model, ScriptedEnv([1], [(0.0,)]), 1,
+             SamplingParams(max_new_tokens=4, stop_strings=("x",)), num_slots=1)

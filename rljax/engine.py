@@ -37,10 +37,6 @@ from rljax.rollout import RolloutRunner, RolloutStats, Trajectory
 FREE, LIVE, SCORING = "free", "live", "scoring"
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 class SlotRolloutRunner(RolloutRunner):
     """Runs a batch of episodes to the end on `num_slots` decode slots (see the module doc)."""
 
@@ -142,7 +138,8 @@ class SlotRolloutRunner(RolloutRunner):
                owner: list[int], rows: dict[str, np.ndarray], key: jax.Array, temperature: jax.Array,
                top_p: jax.Array, static: object) -> SlotState:
         """One prefill for every admitted slot: each continuation is its own segment, and new dialogs with the
-        same prompt (a GRPO group) share one. Segments are padded to a power of two, slots to the batch."""
+        same prompt (a GRPO group) share one. Segment count and width are padded to powers of two and the
+        slots to the batch, so a run compiles few variants."""
         slots = len(owner)
         segments: list[list[int]] = []
         row, reset, source = [], [], []
@@ -155,7 +152,8 @@ class SlotRolloutRunner(RolloutRunner):
                 reset.append(new)
             source.append(u)
         count = min(1 << (len(segments) - 1).bit_length(), slots)
-        width = _round_up(max(len(ids) for ids in segments), self.sampler.length_bucket)
+        longest = max(len(ids) for ids in segments)  # widths in powers of two: few compiled variants
+        width = max(self.sampler.length_bucket, 1 << (longest - 1).bit_length())
         tokens = np.full((count, width), self.sampler.pad_id, np.int32)
         length, row_u, reset_u = np.zeros(count, np.int32), np.zeros(count, np.int32), np.ones(count, bool)
         for u, ids in enumerate(segments):

@@ -43,6 +43,9 @@ def test_parameter_and_cache_shards_are_exact():
     cache_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(cache) if x.ndim)  # not the index
     plan = plan_memory(tiny, parse_topology(devices=1, hbm_gib=1))
     assert plan.components["KV cache (all dialogs)"] == cache_bytes
+    tiny.rollout.engine, tiny.rollout.slots = "slots", 8  # one cache of 8 slot rows (rljax.engine)
+    slots = plan_memory(tiny, parse_topology(devices=1, hbm_gib=1))
+    assert slots.components["KV cache (all dialogs)"] == cache_bytes // 4
 
 
 @pytest.mark.parametrize("module,topology", [(rlef_llama3_1_8b, "v5p-64"), (rlef_llama3_1_70b, "v5p-256"),

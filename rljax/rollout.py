@@ -8,6 +8,8 @@ token whose logits produced the answer's first token (where the value model pred
 
 In a multi-host run each process runs its own share of the episodes: every sampler call gathers the chunk's
 prompts from all processes (the device batch is global, host-major) and each process keeps its own rows.
+A chunk shares one cache index (lockstep), so a later turn's room is what the chunk's longest dialog left;
+`rljax.engine` (`rollout.engine = "slots"`) gives each dialog its own cache row and refills slots as turns end.
 """
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ def test_a_turn_that_does_not_fit_ends_as_context_full_and_a_prompt_that_does_no
 
 
 def test_training_on_slots_logs_slot_use_and_resumes_bit_exactly(tmp_path):
-    """rlef_tiny (PPO, 3-turn dialogs with sandbox feedback) on 8 slots for 32 dialogs: the trainer runs the
+    """rlef_tiny (PPO, 3-turn dialogs with sandbox feedback) on 4 slots for 12 dialogs: the trainer runs the
     engine, logs the share of decode slot-steps that kept a token, and a run resumed from its step-1 checkpoint
     repeats step 2: the same tokens, rewards, losses and updates (tokens do not depend on when the executor
     answered); only the sampler's entropy and logprob figures move in the 8th digit with the attended window."""
@@ -146,7 +146,8 @@ def test_training_on_slots_logs_slot_use_and_resumes_bit_exactly(tmp_path):
     from tests.test_trainer import _config, _deterministic
 
     def run(workdir):
-        config = _config("rlef_tiny", workdir, total_steps=2, **{"rollout.engine": "slots", "rollout.slots": 8,
+        config = _config("rlef_tiny", workdir, total_steps=2, **{"rollout.engine": "slots", "rollout.slots": 4,
+                                                                   "rollout.problems_per_step": 12,
                                                                    "rollout.max_new_tokens": 3,
                                                                    "checkpoint.every": 1})
         train(config)

@@ -165,3 +165,27 @@ def test_training_on_slots_logs_slot_use_and_resumes_bit_exactly(tmp_path):
         assert {k: v for k, v in x.items() if k not in sampler_floats} == \
             {k: v for k, v in y.items() if k not in sampler_floats}
         assert all(abs(x[k] - y[k]) < 1e-6 for k in sampler_floats)
+
+
+def test_slot_decode_updates_each_layer_cache_in_place():
+    """The compiled slot decode loop writes each layer's keys and values with a scatter at the slots' own
+    columns; nothing copies a whole cache buffer (a copy per step would cost a full cache read and write)."""
+    import re
+
+    import jax.numpy as jnp
+
+    from models import KVCache
+    from models.slots import SlotState, decode
+
+    model = Llama(LlamaConfig.preset("tiny"), rngs=nnx.Rngs(0))
+    sampler = Sampler(model)
+    sampling = SamplingParams(max_new_tokens=8, temperature=1.0)
+    state = SlotState.init(KVCache.init(model.config, 4, 1024), 8)
+    hlo = decode.lower(*sampler._weights(), state, jnp.int32(4), jax.random.key(0), jnp.float32(1.0),
+                       jnp.float32(1.0), static=sampler._static(sampling), mesh_rules=None,
+                       window=1024).compile().as_text()
+    buffer = int(np.prod(state.cache.k_bkhs[0].shape))
+    ops = re.findall(r"= \w+\[([\d,]*)\]\S* (copy|slice|dynamic-slice|scatter)\(", hlo)
+    sizes = [(int(np.prod([int(d) for d in shape.split(",") if d] or [1])), op) for shape, op in ops]
+    assert [op for size, op in sizes if size >= buffer and op != "scatter"] == []
+    assert sum(op == "scatter" and size == buffer for size, op in sizes) == 2 * model.config.num_layers

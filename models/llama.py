@@ -141,15 +141,20 @@ def _attention(cfg: LlamaConfig, x_btd: jax.Array, p: dict[str, Any], positions_
     return project(out_btnh, p, "o_nhd", contract=2)
 
 
+def _projected_qkv(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array, inv_freq: np.ndarray
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Queries and keys (rotated to their positions) and values of T tokens, for the cached attentions."""
+    return (apply_rope(dense(x_btd, p["q_dnh"]), positions_bt, inv_freq),
+            apply_rope(dense(x_btd, p["k_dkh"]), positions_bt, inv_freq), dense(x_btd, p["v_dkh"]))
+
+
 def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array, allowed_bts: jax.Array,
                       inv_freq: np.ndarray, k_bkhs: jax.Array, v_bksh: jax.Array, index: jax.Array
                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer's attention for T new tokens against its cache: their keys/values are written at slots
     [index, index + T) first, then the queries score the whole cache (`allowed_bts`: valid slots up to each
     query's own). Returns the output and the updated key and value buffers."""
-    q_btnh = apply_rope(dense(x_btd, p["q_dnh"]), positions_bt, inv_freq)
-    k_btkh = apply_rope(dense(x_btd, p["k_dkh"]), positions_bt, inv_freq)
-    v_btkh = dense(x_btd, p["v_dkh"])
+    q_btnh, k_btkh, v_btkh = _projected_qkv(x_btd, p, positions_bt, inv_freq)
     k_bkhs = jax.lax.dynamic_update_slice(k_bkhs, k_btkh.transpose(0, 2, 3, 1).astype(k_bkhs.dtype), (0, 0, 0, index))
     v_bksh = jax.lax.dynamic_update_slice(v_bksh, v_btkh.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, index, 0))
     return dense(_attend_cache(q_btnh, k_bkhs, v_bksh, allowed_bts), p["o_nhd"], contract=2), k_bkhs, v_bksh
@@ -176,9 +181,7 @@ def _row_cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_b
                           v_bksh: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """As `_cached_attention`, but token t of row b is written at its own slot columns_bt[b, t] (each row
     fills its cache at its own pace; a column past the buffer drops the write: padding, idle rows)."""
-    q_btnh = apply_rope(dense(x_btd, p["q_dnh"]), positions_bt, inv_freq)
-    k_btkh = apply_rope(dense(x_btd, p["k_dkh"]), positions_bt, inv_freq)
-    v_btkh = dense(x_btd, p["v_dkh"])
+    q_btnh, k_btkh, v_btkh = _projected_qkv(x_btd, p, positions_bt, inv_freq)
     rows = jnp.arange(x_btd.shape[0])[:, None]
     k_bkhs = k_bkhs.at[rows, :, :, columns_bt].set(k_btkh.astype(k_bkhs.dtype), mode="drop")
     v_bksh = v_bksh.at[rows, :, columns_bt, :].set(v_btkh.astype(v_bksh.dtype), mode="drop")
@@ -191,9 +194,7 @@ def _fresh_cached_attention(cfg: LlamaConfig, x_utd: jax.Array, p: dict[str, jax
     """One layer's attention for the first T tokens of an empty cache: the U input rows attend to themselves
     (blocked causal attention, as without a cache: no score against the empty slots), then cache row b gets the
     keys/values of input row rows_b[b] at slots [0, T) (a prompt shared by several sequences is computed once)."""
-    q_utnh = apply_rope(dense(x_utd, p["q_dnh"]), positions_ut, inv_freq)
-    k_utkh = apply_rope(dense(x_utd, p["k_dkh"]), positions_ut, inv_freq)
-    v_utkh = dense(x_utd, p["v_dkh"])
+    q_utnh, k_utkh, v_utkh = _projected_qkv(x_utd, p, positions_ut, inv_freq)
     out_utnh = _blocked_self_attention(q_utnh, k_utkh, v_utkh, allowed_utt,
                                        query_block_count(cfg, q_utnh.shape[1]))
     out_utnh = constrain(out_utnh, ("batch", "length", "heads", "head_dim"))
@@ -353,7 +354,6 @@ class DecoderStack(nnx.Module):
             keys.append(k_bkhs)
             values.append(v_bksh)
         return h_btd, KVCache(tuple(keys), tuple(values), valid_bs, index + t)
-
 
     def with_row_cache(self, h_btd: jax.Array, positions_bt: jax.Array, columns_bt: jax.Array, cache: KVCache,
                        layers: Sequence[dict[str, jax.Array]]) -> tuple[jax.Array, KVCache]:

@@ -47,6 +47,8 @@ class SlotRolloutRunner(RolloutRunner):
             raise ValueError(f"rollout.slots must be >= 1, got {num_slots}")
         if check_every < 1:
             raise ValueError(f"rollout.check_every must be >= 1, got {check_every}")
+        if jax.process_count() > 1:
+            raise ValueError("config.rollout.engine: 'slots' runs in one process; use 'chunks' for a multi-host run")
         if sampling.stop_strings:
             raise ValueError("rollout.engine 'slots' ends answers on stop ids only; stop strings need the "
                              "'chunks' engine")
@@ -54,8 +56,6 @@ class SlotRolloutRunner(RolloutRunner):
 
     def run(self, episodes: Sequence[Episode], groups: Sequence[int], names: Sequence[str], key: jax.Array
             ) -> tuple[list[Trajectory], RolloutStats]:
-        if jax.process_count() > 1:
-            raise ValueError("rollout.engine 'slots' runs in one process; use 'chunks' for a multi-host run")
         started = time.perf_counter()
         stats = RolloutStats()
         trajectories = [Trajectory(name, group) for name, group in zip(names, groups)]
@@ -109,7 +109,7 @@ class SlotRolloutRunner(RolloutRunner):
                 for b, _, _ in admissions:
                     phase[b] = LIVE
                 rows = host_rows(state)
-            live = rows["live_b"] & np.asarray([p == LIVE for p in phase])
+            live = rows["live_b"]  # only admitted (LIVE) slots are live on the device
             if live.any():
                 window = attention_window(min(int(rows["fill_b"][live].max()) + self.check_every,
                                               self.cache_capacity), self.cache_capacity)
@@ -178,8 +178,6 @@ def rollout_runner(config: object, sampler: Sampler, codec: DialogCodec, env: En
     most one call runs at once)."""
     r = config.rollout
     if r.engine == "slots":
-        if jax.process_count() > 1:
-            raise ValueError("config.rollout.engine: 'slots' runs in one process; use 'chunks' for a multi-host run")
         return SlotRolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.slots or dialogs,
                                  r.check_every)
     return RolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.num_chunks)

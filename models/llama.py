@@ -129,16 +129,43 @@ def project(x: jax.Array, p: dict[str, Any], name: str, contract: int = 1) -> ja
     return y
 
 
+def _trained_qkv(x_btd: jax.Array, p: dict[str, Any], positions_bt: jax.Array, inv_freq: np.ndarray
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Queries and keys (rotated) and values of T tokens through the stacked weights and their LoRA paths."""
+    return (apply_rope(project(x_btd, p, "q_dnh"), positions_bt, inv_freq),
+            apply_rope(project(x_btd, p, "k_dkh"), positions_bt, inv_freq), project(x_btd, p, "v_dkh"))
+
+
+def _attention_output(cfg: LlamaConfig, q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, p: dict[str, Any],
+                      allowed_bts: jax.Array) -> jax.Array:
+    """Blocked causal attention of T queries over S = offset + T keys (the last T are the queries' own), then
+    the output projection: [B, T, D]."""
+    blocks = query_block_count(cfg, q_btnh.shape[1])
+    out_btnh = constrain(_blocked_self_attention(q_btnh, k_bskh, v_bskh, allowed_bts, blocks),
+                         ("batch", "length", "heads", "head_dim"))
+    return project(out_btnh, p, "o_nhd", contract=2)
+
+
 def _attention(cfg: LlamaConfig, x_btd: jax.Array, p: dict[str, Any], positions_bt: jax.Array,
                allowed_btt: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     """Causal self-attention of one layer over the T tokens themselves (no cache: training, scoring)."""
-    q_btnh = apply_rope(project(x_btd, p, "q_dnh"), positions_bt, inv_freq)
-    k_btkh = apply_rope(project(x_btd, p, "k_dkh"), positions_bt, inv_freq)
-    v_btkh = project(x_btd, p, "v_dkh")
-    blocks = query_block_count(cfg, q_btnh.shape[1])
-    out_btnh = constrain(_blocked_self_attention(q_btnh, k_btkh, v_btkh, allowed_btt, blocks),
-                         ("batch", "length", "heads", "head_dim"))
-    return project(out_btnh, p, "o_nhd", contract=2)
+    q_btnh, k_btkh, v_btkh = _trained_qkv(x_btd, p, positions_bt, inv_freq)
+    return _attention_output(cfg, q_btnh, k_btkh, v_btkh, p, allowed_btt)
+
+
+def _prefixed_attention(cfg: LlamaConfig, xp_upd: jax.Array, xs_btd: jax.Array, p: dict[str, Any],
+                        positions_up: jax.Array, positions_bt: jax.Array, allowed_upp: jax.Array,
+                        allowed_bts: jax.Array, prefix_row_b: jax.Array, inv_freq: np.ndarray
+                        ) -> tuple[jax.Array, jax.Array]:
+    """One layer's attention for U prefixes of P tokens and B suffixes of T tokens, suffix b continuing prefix
+    prefix_row_b[b]: the prefixes attend to themselves; each suffix to its prefix's keys, then its own
+    (`allowed_bts`, S = P + T). Returns the prefix and suffix outputs."""
+    qp, kp, vp = _trained_qkv(xp_upd, p, positions_up, inv_freq)
+    qs, ks, vs = _trained_qkv(xs_btd, p, positions_bt, inv_freq)
+    keys = jnp.concatenate([jnp.take(kp, prefix_row_b, axis=0), ks], axis=1)
+    values = jnp.concatenate([jnp.take(vp, prefix_row_b, axis=0), vs], axis=1)
+    return (_attention_output(cfg, qp, kp, vp, p, allowed_upp),
+            _attention_output(cfg, qs, keys, values, p, allowed_bts))
 
 
 def _projected_qkv(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array, inv_freq: np.ndarray
@@ -214,32 +241,34 @@ def query_block_count(config: LlamaConfig, length: int) -> int:
     return max(1, min(config.attention_query_blocks, length // MIN_QUERY_BLOCK))
 
 
-def _blocked_self_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, allowed_btt: jax.Array,
+def _blocked_self_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, allowed_bts: jax.Array,
                             num_blocks: int) -> jax.Array:
-    """T tokens attending to their own keys (no cache), the queries split into `num_blocks` blocks.
+    """T tokens attending to their own keys (no cache), after S - T earlier keys (a shared prefix; usually none),
+    the queries split into `num_blocks` blocks; `allowed_bts` is [B, T, S].
 
-    The block of queries [start, end) scores only the keys [0, end): the later ones are causally masked anyway,
-    so 8 blocks skip ~44% of the score and value matmuls (padding is still masked by `allowed_btt`). Heads lead
+    The block of queries [start, end) scores only the keys [0, S - T + end): the later ones are causally masked
+    anyway, so 8 blocks skip ~44% of the score and value matmuls (padding is still masked by `allowed_bts`). Heads lead
     ([B, kv heads, group * block, H]) so XLA:CPU's batched matmuls need no transposed copies backwards.
     SmolLM2 layer fwd+bwd at 8 x 256 on 2 CPU cores: 56 ms token-major in one block, 32 ms this way.
     """
     b, t, n, h = q_btnh.shape
-    kv = k_btkh.shape[2]
+    kv = k_bskh.shape[2]
     g = n // kv
+    offset = k_bskh.shape[1] - t
     dt = q_btnh.dtype
     q_bkgth = q_btnh.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4)
-    k_bksh, v_bksh = k_btkh.transpose(0, 2, 1, 3), v_btkh.transpose(0, 2, 1, 3)
+    k_bksh, v_bksh = k_bskh.transpose(0, 2, 1, 3), v_bskh.transpose(0, 2, 1, 3)
     size = -(-t // num_blocks)
     blocks = []
     for start in range(0, t, size):
         end = min(start + size, t)
-        rows = end - start
+        rows, seen = end - start, offset + end
         q_block = q_bkgth[:, :, :, start:end].reshape(b, kv, g * rows, h)
-        scores = jnp.einsum("bkqh,bksh->bkqs", q_block, k_bksh[:, :, :end], preferred_element_type=jnp.float32)
-        scores = jnp.where(allowed_btt[:, None, None, start:end, :end], scores.reshape(b, kv, g, rows, end) * h ** -0.5,
-                           _MASKED)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt).reshape(b, kv, g * rows, end)
-        blocks.append(jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh[:, :, :end]).reshape(b, kv, g, rows, h))
+        scores = jnp.einsum("bkqh,bksh->bkqs", q_block, k_bksh[:, :, :seen], preferred_element_type=jnp.float32)
+        scores = jnp.where(allowed_bts[:, None, None, start:end, :seen],
+                           scores.reshape(b, kv, g, rows, seen) * h ** -0.5, _MASKED)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt).reshape(b, kv, g * rows, seen)
+        blocks.append(jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh[:, :, :seen]).reshape(b, kv, g, rows, h))
     out_bkgth = jnp.concatenate(blocks, axis=3) if len(blocks) > 1 else blocks[0]
     return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
@@ -277,22 +306,53 @@ class DecoderStack(nnx.Module):
         """All layers over T tokens without a cache, as one `lax.scan` (with the configured remat)."""
         cfg = self.config
         inv_freq = rope_inv_freq(cfg)
-        params: dict[str, Any] = {name: getattr(self, name)[...] for name in LAYER_PARAMS}
-        if getattr(self, "lora", None) is not None:
-            params["lora"] = self.lora.stacked(scaled=True)
 
         def layer(h, p):
             h = h + _attention(cfg, rms_norm(h, p["attn_norm_d"], cfg.rms_norm_eps), p, positions_bt, allowed_btt,
                                inv_freq)
-            h = h + _mlp(rms_norm(h, p["mlp_norm_d"], cfg.rms_norm_eps), p)
-            return constrain(h, ("batch", "length", "act_embed")), None
+            return self._mlp_block(h, p), None
 
-        if cfg.remat == "full":
-            layer = jax.checkpoint(layer)
-        elif cfg.remat == "dots_saveable":
-            layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-        h_btd, _ = jax.lax.scan(layer, h_btd, params)
+        h_btd, _ = jax.lax.scan(self._remat(layer), h_btd, self._stacked())
         return h_btd
+
+    def with_shared_prefix(self, hp_upd: jax.Array, positions_up: jax.Array, allowed_upp: jax.Array,
+                           hs_btd: jax.Array, positions_bt: jax.Array, allowed_bts: jax.Array,
+                           prefix_row_b: jax.Array) -> jax.Array:
+        """All layers over U prefixes [U, P] and B suffixes [B, T], suffix b continuing prefix prefix_row_b[b]
+        (`allowed_bts` over S = P + T keys: its prefix's, then its own), without a cache: a prompt that G
+        sequences share is computed once forward and backward (its gradient sums over the G). The same scan
+        and remat as `__call__`; returns the suffixes' hidden states [B, T, D]."""
+        cfg = self.config
+        inv_freq = rope_inv_freq(cfg)
+
+        def layer(carry, p):
+            hp, hs = carry
+            attn_p, attn_s = _prefixed_attention(cfg, rms_norm(hp, p["attn_norm_d"], cfg.rms_norm_eps),
+                                                 rms_norm(hs, p["attn_norm_d"], cfg.rms_norm_eps), p, positions_up,
+                                                 positions_bt, allowed_upp, allowed_bts, prefix_row_b, inv_freq)
+            return (self._mlp_block(hp + attn_p, p), self._mlp_block(hs + attn_s, p)), None
+
+        (_, hs_btd), _ = jax.lax.scan(self._remat(layer), (hp_upd, hs_btd), self._stacked())
+        return hs_btd
+
+    def _stacked(self) -> dict[str, Any]:
+        """The stacked [L, ...] layer weights, with the LoRA adapters (B pre-scaled) under "lora"."""
+        params: dict[str, Any] = {name: getattr(self, name)[...] for name in LAYER_PARAMS}
+        if getattr(self, "lora", None) is not None:
+            params["lora"] = self.lora.stacked(scaled=True)
+        return params
+
+    def _mlp_block(self, h_btd: jax.Array, p: dict[str, Any]) -> jax.Array:
+        h_btd = h_btd + _mlp(rms_norm(h_btd, p["mlp_norm_d"], self.config.rms_norm_eps), p)
+        return constrain(h_btd, ("batch", "length", "act_embed"))
+
+    def _remat(self, layer: Any) -> Any:
+        """`layer` under the configured rematerialisation policy."""
+        if self.config.remat == "full":
+            return jax.checkpoint(layer)
+        if self.config.remat == "dots_saveable":
+            return jax.checkpoint(layer, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+        return layer
 
     def per_layer(self) -> tuple[dict[str, jax.Array], ...]:
         """Each layer's weights as separate arrays (a copy of the stacks), for `with_cache`, with LoRA adapters
@@ -416,6 +476,23 @@ class Llama(nnx.Module):
             h_btd, cache = self.layers.with_cache(h_btd, positions_bt, mask_bt, cache, layers, fresh=fresh,
                                                   rows_b=rows_b)
         return self.final_norm(h_btd), cache
+
+    def hidden_states_shared_prefix(self, prefix_tokens_up: jax.Array, prefix_positions_up: jax.Array,
+                                    prefix_valid_up: jax.Array, tokens_bt: jax.Array, positions_bt: jax.Array,
+                                    valid_bt: jax.Array, prefix_row_b: jax.Array) -> jax.Array:
+        """Final-normed hidden states [B, T, D] of B suffixes, suffix b continuing the prefix
+        prefix_row_b[b] of U prefixes (each computed once; `DecoderStack.with_shared_prefix`). Equals
+        `hidden_states` of the concatenated rows at the suffix positions. Valid masks mark real tokens; a
+        suffix's first token is the last token before the positions whose log-probabilities are wanted."""
+        p, t = prefix_tokens_up.shape[1], tokens_bt.shape[1]
+        causal = jnp.tril(jnp.ones((max(p, t), max(p, t)), bool))
+        allowed_upp = causal[None, :p, :p] & prefix_valid_up[:, None, :]
+        prefix_bs = jnp.broadcast_to(jnp.take(prefix_valid_up, prefix_row_b, axis=0)[:, None, :],
+                                     (tokens_bt.shape[0], t, p))
+        allowed_bts = jnp.concatenate([prefix_bs, causal[None, :t, :t] & valid_bt[:, None, :]], axis=2)
+        h_btd = self.layers.with_shared_prefix(self.embed(prefix_tokens_up), prefix_positions_up, allowed_upp,
+                                               self.embed(tokens_bt), positions_bt, allowed_bts, prefix_row_b)
+        return self.final_norm(h_btd)
 
     def embed(self, tokens_bt: jax.Array) -> jax.Array:
         """Token embeddings [B, T, D] in the compute dtype."""

@@ -87,17 +87,68 @@ def spread_over_turns(per_turn_bt: np.ndarray, turn_of_token_bt: np.ndarray) -> 
     return np.where(turn_of_token_bt >= 0, np.take_along_axis(per_turn_bt, index, axis=1), 0.0).astype(np.float32)
 
 
-def informative_first(informative_b: np.ndarray, num_micro: int) -> np.ndarray:
+def informative_first(informative_b: np.ndarray, num_micro: int, group_b: np.ndarray | None = None) -> np.ndarray:
     """A row order (indices into the batch) that packs the informative rows into the first micro-batches.
 
     Micro-batch i holds rows i, i+m, i+2m, ... (`rljax.learner`); row k of the returned order is the batch
     row placed at position k, so informative rows fill micro-batch 0, then 1, ... and the all-zero rows fill
-    the rest, each group in its original order."""
+    the rest, each kind in its original order, or sorted by `group_b` (stable) when given, so that a group's
+    rows share micro-batches."""
     b = len(informative_b)
     if b % num_micro:
         raise ValueError(f"batch of {b} does not split into {num_micro} micro-batches")
     slots = np.arange(b).reshape(b // num_micro, num_micro).T.reshape(-1)  # positions, micro-batch by micro-batch
-    rows = np.concatenate([np.flatnonzero(informative_b), np.flatnonzero(~np.asarray(informative_b, bool))])
+    informative_b = np.asarray(informative_b, bool)
+    rows = np.lexsort((np.arange(b) if group_b is None else group_b, ~informative_b))
     order = np.empty(b, np.int64)
     order[slots] = rows
     return order
+
+
+def shared_prefixes(arrays: dict[str, np.ndarray], num_micro: int, prefix_bucket: int, suffix_bucket: int
+                    ) -> dict[str, np.ndarray]:
+    """The arrays that let the learner compute each distinct prompt of a micro-batch once
+    (`Llama.hidden_states_shared_prefix`): row b splits at s_b, the position before its first answer token;
+    tokens [0, s_b) are its prefix, shared by the rows of the micro-batch that have the same ones.
+
+    Returns prefix_tokens / prefix_positions / prefix_valid [m * U, P] (micro-batch i's u-th prefix at row
+    u * m + i, the layout `rljax.learner._micro` splits; U the most distinct prefixes in a micro-batch, unused
+    ones all padding), prefix_row [B] (the row's prefix within its micro-batch) and suffix_columns [B, A]
+    (s_b + j: where suffix token j sits in the row; columns past the row are padding), and
+    prefix_micro_batches [m] (its length tells the learner which split the layout is for). P is rounded up to
+    `prefix_bucket`, A to `suffix_bucket` (a multiple of 64 pads a 161-token suffix to 192, 128 to 256: every
+    padded suffix position costs a whole token of compute)."""
+    tokens, valid = arrays["tokens"], arrays["valid"]
+    b = tokens.shape[0]
+    if b % num_micro:
+        raise ValueError(f"batch of {b} does not split into {num_micro} micro-batches")
+    lengths = valid.sum(axis=1)
+    answered = arrays["turn_of_token"] >= 0
+    splits = np.where(answered.any(axis=1), answered.argmax(axis=1) - 1, lengths - 1).clip(0)
+    keys = [tokens[row, :splits[row]].tobytes() for row in range(b)]
+    holders_per_micro: list[list[int]] = []  # per micro-batch: the first row holding each distinct prefix
+    prefix_row = np.zeros(b, np.int32)
+    for i in range(num_micro):
+        index: dict[bytes, int] = {}
+        holders: list[int] = []
+        for row in range(i, b, num_micro):
+            if keys[row] not in index:
+                index[keys[row]] = len(holders)
+                holders.append(row)
+            prefix_row[row] = index[keys[row]]
+        holders_per_micro.append(holders)
+    u_max = max(len(h) for h in holders_per_micro)
+    p_len = round_up(max(int(splits.max()), 1), prefix_bucket)
+    a_len = round_up(int((lengths - splits).max()), suffix_bucket)
+    out = {"prefix_tokens": np.zeros((num_micro * u_max, p_len), tokens.dtype),
+           "prefix_positions": np.tile(np.arange(p_len, dtype=np.int32), (num_micro * u_max, 1)),
+           "prefix_valid": np.zeros((num_micro * u_max, p_len), bool), "prefix_row": prefix_row,
+           "suffix_columns": (splits[:, None] + np.arange(a_len)[None]).astype(np.int32),
+           "prefix_micro_batches": np.zeros(num_micro, np.int32)}  # its length records the layout's split
+    for i, holders in enumerate(holders_per_micro):
+        for u, row in enumerate(holders):
+            n = splits[row]
+            out["prefix_tokens"][u * num_micro + i, :n] = tokens[row, :n]
+            out["prefix_positions"][u * num_micro + i, :n] = arrays["positions"][row, :n]
+            out["prefix_valid"][u * num_micro + i, :n] = True
+    return out

@@ -121,14 +121,47 @@ def _micro(batch: dict[str, jax.Array], num_micro: int) -> dict[str, jax.Array]:
     return {k: split(v) for k, v in batch.items()}
 
 
+SHARED_PREFIX_KEYS = ("prefix_tokens", "prefix_positions", "prefix_valid", "prefix_row", "suffix_columns",
+                      "prefix_micro_batches")
+
+
+def check_prefix_layout(batch: dict[str, Any], num_micro: int) -> None:
+    """Refuse shared-prompt arrays laid out for another micro-batch split (their prefix rows would be wrong)."""
+    if "prefix_tokens" in batch and batch["prefix_micro_batches"].shape[0] != num_micro:
+        raise ValueError(f"the batch's shared prompts are laid out for {batch['prefix_micro_batches'].shape[0]} "
+                         f"micro-batches; this update splits it into {num_micro}")
+
+
 def token_logprobs(model: Llama, batch: dict[str, jax.Array], temperature: float,
                    vocab_chunk: int = LossConfig.vocab_chunk) -> tuple[jax.Array, jax.Array]:
     """[B, L] log p(token_t | tokens_<t) under log_softmax(logits / T) (0 at t = 0) and the entropy there,
-    computed `vocab_chunk` positions at a time (no [B, L, V] logits; see models/logprobs.py)."""
+    computed `vocab_chunk` positions at a time (no [B, L, V] logits; see models/logprobs.py). With the
+    `rljax.batching.shared_prefixes` arrays in the batch, each distinct prompt is computed once and the
+    positions before a row's split are 0."""
+    if "prefix_tokens" in batch:
+        return _shared_prefix_token_logprobs(model, batch, temperature, vocab_chunk)
     h_btd, _ = model.hidden_states(batch["tokens"], batch["positions"], batch["valid"])
     logp, entropy = model.token_logprobs(h_btd[:, :-1], batch["tokens"][:, 1:], temperature, vocab_chunk)
     pad = jnp.zeros_like(logp[:, :1])
     return jnp.concatenate([pad, logp], axis=1), jnp.concatenate([pad, entropy], axis=1)
+
+
+def _shared_prefix_token_logprobs(model: Llama, batch: dict[str, jax.Array], temperature: float,
+                                  vocab_chunk: int) -> tuple[jax.Array, jax.Array]:
+    """`token_logprobs` over each row's suffix (columns `suffix_columns` [B, A], after its shared prefix),
+    scattered back to the row's [B, L] layout."""
+    tokens = batch["tokens"]
+    columns = batch["suffix_columns"]
+    inside = columns < tokens.shape[1]
+    gather = lambda x: jnp.take_along_axis(x, jnp.minimum(columns, tokens.shape[1] - 1), axis=1)  # noqa: E731
+    suffix = gather(tokens)
+    h_btd = model.hidden_states_shared_prefix(batch["prefix_tokens"], batch["prefix_positions"],
+                                              batch["prefix_valid"], suffix, gather(batch["positions"]),
+                                              gather(batch["valid"]) & inside, batch["prefix_row"])
+    logp, entropy = model.token_logprobs(h_btd[:, :-1], suffix[:, 1:], temperature, vocab_chunk)
+    rows = jnp.arange(tokens.shape[0])[:, None]
+    scatter = lambda x: jnp.zeros(tokens.shape, x.dtype).at[rows, columns[:, 1:]].set(x, mode="drop")  # noqa: E731
+    return scatter(logp), scatter(entropy)
 
 
 def turn_values(value_model: LlamaValueModel, batch: dict[str, jax.Array]) -> jax.Array:
@@ -201,12 +234,14 @@ class Learner:
 
     def score(self, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """(logprobs, entropy) [B, L] of the batch's tokens under `params` (the policy's or the reference's)."""
+        check_prefix_layout(batch, self.num_micro)
         return self._score(params, self.policy_frozen, batch)
 
     def values(self, batch: dict[str, jax.Array]) -> jax.Array:
         return self._values(self.value_state.params, self.value_frozen, batch)
 
     def update_policy(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        check_prefix_layout(batch, self.num_micro)
         self.policy_state, metrics = self._update_policy(self.policy_state, self.policy_frozen, batch)
         return metrics
 
@@ -222,7 +257,8 @@ class Learner:
     # ---- jitted bodies -----------------------------------------------------------------------------------------
     def _score_impl(self, params: Any, frozen: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         model = nnx.merge(self.policy_graphdef, frozen, params)
-        micro = _micro({k: batch[k] for k in ("tokens", "positions", "valid")}, self.num_micro)
+        keys = ("tokens", "positions", "valid") + tuple(k for k in SHARED_PREFIX_KEYS if k in batch)
+        micro = _micro({k: batch[k] for k in keys}, self.num_micro)
         logp, entropy = jax.lax.map(lambda mb: token_logprobs(model, mb, self.loss.temperature,
                                                                  self.loss.vocab_chunk), micro)
         return _unmicro(logp), _unmicro(entropy)

@@ -73,8 +73,11 @@ def base_config() -> ConfigDict:
     c.optim = ConfigDict({"learning_rate": 2e-7, "warmup_steps": 50, "weight_decay": 0.1, "b1": 0.9, "b2": 0.95,
                           "eps": 1e-8, "max_grad_norm": 1.0, "optimizer": "adamw"})
     c.value_optim = ConfigDict(c.optim.to_dict())
-    # vocab_chunk: sequence positions per chunk of the log-softmax over the vocabulary (models/logprobs.py)
-    c.train = ConfigDict({"micro_batches": 1, "seq_bucket": 64, "vocab_chunk": LossConfig.vocab_chunk})
+    # vocab_chunk: sequence positions per chunk of the log-softmax over the vocabulary (models/logprobs.py);
+    # share_prompts: the rows of a micro-batch that share a prompt (a GRPO group) compute it once in the update
+    # (rows packed group by group; rljax.batching.shared_prefixes)
+    c.train = ConfigDict({"micro_batches": 1, "seq_bucket": 64, "vocab_chunk": LossConfig.vocab_chunk,
+                          "share_prompts": False})
     c.mesh = ConfigDict({"data": 1, "fsdp": -1, "tensor": 1})
     c.checkpoint = ConfigDict({"every": 50, "keep": 3, "async_save": True, "resume": "auto"})
     # samples_per_step: the first that many dialogs of each step go to WORKDIR/samples.jsonl (0: none)
@@ -99,6 +102,7 @@ CHOICES = {
     "checkpoint.resume": ("auto", "require", "never"), "distributed.mode": DISTRIBUTED_MODES,
     "model.remat": ("", "none", "full", "dots_saveable"),
     "algo.ratio_level": RATIO_LEVELS, "algo.group_baseline": BASELINES, "rollout.engine": ("chunks", "slots"),
+    "train.share_prompts": (False, True),
 }
 POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_problem", "rollout.max_new_tokens",
             "rollout.cache_capacity", "rollout.length_bucket", "rollout.num_chunks", "train.micro_batches",

@@ -155,7 +155,8 @@ class Trainer:
         with use_mesh(self.mesh):
             for i, picked in enumerate(schedule(len(demos.trajectories), w.steps, w.batch, self.config.seed)):
                 batch = demonstration_batch([demos.trajectories[j] for j in picked], self.config.train.seq_bucket,
-                                            self.pad_id)
+                                            self.pad_id, w.micro_batches if self.config.train.share_prompts else 0,
+                                            r.length_bucket)
                 rows.append({"warmup_step": i + 1, **warmup.update(self._place(batch)),
                              "demonstrations": len(demos.trajectories), **{f"skipped/{k}": v for k, v in
                                                                           demos.skipped.items()}})
@@ -292,13 +293,24 @@ class Trainer:
                                              algo.scale_by_std, algo.group_baseline)
             extra["advantages"] = (group_adv[:, None] * sampled).astype(np.float32)
         extra = {k: np.asarray(v, np.float32) for k, v in extra.items()}
+        num_micro, share = cfg.train.micro_batches, cfg.train.share_prompts
         order = None
-        if self.learner.skips_zero_advantage and cfg.train.micro_batches > 1:  # all-zero micro-batches are skipped
-            order = batching.informative_first(np.any(extra["advantages"] != 0, axis=1), cfg.train.micro_batches)
+        if (self.learner.skips_zero_advantage or share) and num_micro > 1:
+            # all-zero micro-batches are skipped; shared prompts want each group's rows in one micro-batch
+            informative = np.any(extra["advantages"] != 0, axis=1) if self.learner.skips_zero_advantage \
+                else np.ones(len(sampled), bool)
+            if share:  # a group's zero-advantage rows stay with it (their loss is 0 either way)
+                informative = np.isin(arrays["group"], arrays["group"][informative])
+            order = batching.informative_first(informative, num_micro, arrays["group"] if share else None)
         if order is None or np.array_equal(order, np.arange(len(order))):  # rows stay: reuse what is placed
             batch = {**(placed or self._place(arrays)), **self._place(extra)}
+            ordered = arrays
         else:
-            batch = self._place({k: v[order] for k, v in {**arrays, **extra}.items()})
+            ordered = {k: v[order] for k, v in arrays.items()}
+            batch = self._place({**ordered, **{k: v[order] for k, v in extra.items()}})
+        if share:
+            batch.update(self._place(batching.shared_prefixes(ordered, num_micro, cfg.train.seq_bucket,
+                                                                   cfg.rollout.length_bucket)))
         for _ in range(algo.epochs):
             policy_metrics = self.learner.update_policy(batch)
             if algo.name == "ppo":

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rljax.batching import aggregation_weights, build_batch
-from rljax.learner import (Learner, OptimConfig, TrainState, accumulate_and_apply, init_state, make_optimizer,
-                           token_logprobs)
+from rljax.batching import aggregation_weights, build_batch, shared_prefixes
+from rljax.learner import (Learner, OptimConfig, TrainState, accumulate_and_apply, check_prefix_layout, init_state,
+                           make_optimizer, token_logprobs)
 from rljax.rollout import Trajectory
 
 
@@ -75,11 +75,16 @@ def demonstrations(env: Any, codec: Any, rows: Sequence[dict[str, Any]], max_ans
     return Demonstrations(out, {k: v for k, v in skipped.items() if v})
 
 
-def demonstration_batch(trajectories: Sequence[Trajectory], seq_bucket: int, pad_id: int) -> dict[str, np.ndarray]:
-    """The model inputs and the per-token weights of L: 1 / N on every answer token."""
+def demonstration_batch(trajectories: Sequence[Trajectory], seq_bucket: int, pad_id: int,
+                        shared_prefix_micro_batches: int = 0, suffix_bucket: int = 0) -> dict[str, np.ndarray]:
+    """The model inputs and the per-token weights of L: 1 / N on every answer token. With
+    `shared_prefix_micro_batches`, the `shared_prefixes` arrays too (`train.share_prompts`): the prompts run
+    without the vocabulary projection, which only the answer positions need."""
     arrays = build_batch(trajectories, 1, seq_bucket, pad_id)
     batch = {k: arrays[k] for k in ("tokens", "positions", "valid", "sampled")}
     batch["weights"] = aggregation_weights(arrays["sampled"], "token_mean")
+    if shared_prefix_micro_batches:
+        batch.update(shared_prefixes(arrays, shared_prefix_micro_batches, seq_bucket, suffix_bucket))
     return batch
 
 
@@ -108,6 +113,7 @@ class SupervisedWarmup:
 
     def update(self, batch: dict[str, jax.Array]) -> dict[str, float]:
         """One step on `batch`; its NLL per answer token (before the step) and the gradient norm."""
+        check_prefix_layout(batch, self.num_micro)
         self.state, metrics = self._update(self.state, self.learner.policy_frozen, batch)
         return {"nll": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"])}
 

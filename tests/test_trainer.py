@@ -174,7 +174,7 @@ def test_sharded_train_step_matches_one_device():
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(result) == {"ppo", "grpo", "grpo_lora"}
+    assert set(result) == {"ppo", "grpo", "grpo_lora", "grpo_shared"}
     for algorithm, r in result.items():
         assert abs(r["loss_single"] - r["loss_mesh"]) < 1e-5, (algorithm, r)
         assert r["max_param_diff"] < 1e-5, (algorithm, r)

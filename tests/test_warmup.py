@@ -26,6 +26,13 @@ def test_warmup_loss_is_the_mean_nll_of_answer_tokens(tmp_path):
     answer = np.asarray(batch["sampled"])
     assert answer.sum() == sum(sum(t.sampled) for t in demos.trajectories[:4])
     expected = -(logp * answer).sum() / answer.sum()  # the scorer's temperature is the rollout's: 1.0 here
+    # train.share_prompts: the prompts run without the vocabulary projection; the answers' NLL is the same
+    with pytest.raises(ValueError, match="laid out for 2 micro-batches; this update splits it into 1"):
+        trainer.learner.score(trainer.learner.policy_state.params,
+                              demonstration_batch(demos.trajectories[:4], 8, trainer.pad_id, 2, 8))
+    shared = trainer._place(demonstration_batch(demos.trajectories[:4], 8, trainer.pad_id, 1, 8))
+    logp_shared = np.asarray(trainer.learner.score(trainer.learner.policy_state.params, shared)[0])
+    assert -(logp_shared * answer).sum() / answer.sum() == pytest.approx(float(expected), rel=1e-5)
     before = jax.tree.map(np.asarray, trainer.learner.policy_state.params)
     frozen = jax.tree.map(np.asarray, trainer.learner.policy_frozen)
     warmup = SupervisedWarmup(trainer.learner, OptimConfig(learning_rate=1e-2, warmup_steps=0))

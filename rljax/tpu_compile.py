@@ -7,7 +7,8 @@ the code does not state (per-layer weight copies, the sampler state) are read fr
 `output_shardings`, as the compiler lays them out in a real run; optimizer moments follow their parameters.
 
 Phases compiled: the policy update, the value update (PPO), the scoring pass, the sampler's per-layer weight
-copy, prefill and decode loop. For each, the compiler's memory analysis (per chip) and cost analysis (flops,
+copy, prefill and decode loop, or with `rollout.engine = "slots"` the engine's admit and decode programs
+(`models.slots`; every slot's cache row lives in their arguments). For each, the compiler's memory analysis (per chip) and cost analysis (flops,
 bytes accessed per chip) are reported; a roofline step time is max(flops / peak, bytes / bandwidth) with the
 chip figures in `CHIPS`: an estimate (a lower bound on time, hence upper bounds on tokens/s and MFU), not a
 measurement.
@@ -135,7 +136,7 @@ def _abstract_model(model_fn: Callable[[], nnx.Module], mesh: Any) -> nnx.Module
 
 def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpec, Any]:
     """Compile the run's programs for `topology`; (phases, chip figures, mesh). Raises TpuCompileError."""
-    from models.sampler import _Static, _decode, _per_layer, _prefill, attention_window
+    from models.sampler import _Static, _per_layer
     from rljax.learner import Learner, TrainState, split_trainable
     from rljax.plan import train_batch_shapes
     from rljax.run_config import lora_config, loss_config, model_architecture, optim_config
@@ -189,10 +190,7 @@ def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpe
             copy = jax.jit(_per_layer, static_argnames=("graphdef",)).lower(graphdef, params).compile()
             phases.append(_phase("sampler per-layer weights", copy))
             layers = _sharded(jax.eval_shape(lambda p: _per_layer(graphdef, p), params), copy.output_shardings)
-            chunk = math.ceil(dialogs / r.num_chunks)
             width = min(r.cache_capacity - r.max_new_tokens, 2048)
-            cache = jax.eval_shape(lambda: KVCache.init(arch, chunk, r.cache_capacity))
-            cache = _sharded(cache, jax.tree.map(lambda x: _batch_or_replicated(mesh, x), cache))
             rows = lambda shape, dtype: jax.ShapeDtypeStruct(  # noqa: E731
                 shape, dtype, sharding=batch_sharding(mesh, len(shape), batch_size=shape[0]))
             one = NamedSharding(mesh, PartitionSpec())
@@ -200,24 +198,64 @@ def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpe
             scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=one)
             static = _Static(greedy=False, top_k=r.top_k, use_top_p=r.top_p < 1.0, stop_ids=(0,),
                              max_new=r.max_new_tokens)
-            mesh_rules = (mesh, DEFAULT_RULES)
-            prefill_args = (graphdef, params, layers, cache, rows((chunk, width), jnp.int32),
-                            rows((chunk, width), jnp.bool_), rows((chunk,), jnp.int32), rows((chunk,), jnp.bool_),
-                            rows((chunk,), jnp.int32), key, scalar, scalar)
-            window = attention_window(width, r.cache_capacity)
-            prefill = _prefill.lower(*prefill_args, static=static, mesh_rules=mesh_rules, window=window).compile()
-            phases.append(_phase(f"prefill ({chunk} dialogs x {width} tokens)", prefill))
-            state = _sharded(jax.eval_shape(lambda *a: _prefill(*a, static=static, mesh_rules=mesh_rules,
-                                                                window=window), *prefill_args),
-                             prefill.output_shardings)
-            step_limit = jax.ShapeDtypeStruct((), jnp.int32, sharding=one)
-            decode = _decode.lower(graphdef, params, layers, state, step_limit, key, scalar, scalar, static=static,
-                                   mesh_rules=mesh_rules, window=r.cache_capacity).compile()
-            phases.append(_phase(f"decode loop ({chunk} dialogs, {r.cache_capacity}-slot window)", decode))
+            phases_of = _engine_phases if r.engine == "slots" else _chunk_phases
+            phases += phases_of(arch, mesh, r, dialogs, width, (graphdef, params, layers), (key, scalar, scalar),
+                                static, (mesh, DEFAULT_RULES), rows)
     except Exception as err:  # the TPU compiler's reasons (out of memory, unsupported op) come as many types
         done = phases[-1].name if phases else "nothing"
         raise TpuCompileError(f"does not compile for {topology} (after {done}): {_first_line(err)}") from None
     return phases, chip, mesh
+
+
+def _chunk_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int, weights: tuple, sampling: tuple,
+                  static: Any, mesh_rules: Any, rows: Callable) -> list[Phase]:
+    """The chunked rollout's prefill of one chunk's prompts (`width` tokens) and its decode loop."""
+    from models.sampler import _decode, _prefill, attention_window
+
+    chunk = math.ceil(dialogs / r.num_chunks)
+    cache = jax.eval_shape(lambda: KVCache.init(arch, chunk, r.cache_capacity))
+    cache = _sharded(cache, jax.tree.map(lambda x: _batch_or_replicated(mesh, x), cache))
+    prefill_args = (*weights, cache, rows((chunk, width), jnp.int32), rows((chunk, width), jnp.bool_),
+                    rows((chunk,), jnp.int32), rows((chunk,), jnp.bool_), rows((chunk,), jnp.int32), *sampling)
+    window = attention_window(width, r.cache_capacity)
+    prefill = _prefill.lower(*prefill_args, static=static, mesh_rules=mesh_rules, window=window).compile()
+    state = _sharded(jax.eval_shape(lambda *a: _prefill(*a, static=static, mesh_rules=mesh_rules, window=window),
+                                    *prefill_args), prefill.output_shardings)
+    step_limit = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
+    decode = _decode.lower(*weights, state, step_limit, *sampling, static=static, mesh_rules=mesh_rules,
+                           window=r.cache_capacity).compile()
+    return [_phase(f"prefill ({chunk} dialogs x {width} tokens)", prefill),
+            _phase(f"decode loop ({chunk} dialogs, {r.cache_capacity}-slot window)", decode)]
+
+
+def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int, weights: tuple, sampling: tuple,
+                   static: Any, mesh_rules: Any, rows: Callable) -> list[Phase]:
+    """The slots engine's two programs (`models.slots`) for its first admission of a step: every slot takes a
+    new dialog, the G dialogs of a problem sharing one prompt segment of `width` tokens (a power of two, as the
+    engine pads), then the decode loop over all slots at the full window."""
+    from models.sampler import attention_window
+    from models.slots import SlotState, admit, decode
+
+    slots = r.slots or dialogs
+    cache = jax.eval_shape(lambda: KVCache.init(arch, slots, r.cache_capacity))
+    state = jax.eval_shape(lambda c: SlotState.init(c, r.max_new_tokens), cache)
+    state = _sharded(state, jax.tree.map(lambda x: _batch_or_replicated(mesh, x), state))
+    segments = min(1 << (math.ceil(slots / r.samples_per_problem) - 1).bit_length(), slots)
+    width = min(1 << (width - 1).bit_length(), r.cache_capacity)
+    one = NamedSharding(mesh, PartitionSpec())
+    args = (rows((segments, width), jnp.int32), rows((segments,), jnp.int32), rows((segments,), jnp.int32),
+            rows((segments,), jnp.bool_), rows((slots,), jnp.int32), rows((slots,), jnp.int32),
+            rows((slots,), jnp.int32))
+    window = attention_window(width, r.cache_capacity)
+    admitted = admit.lower(*weights, state, *args, *sampling, static=static, mesh_rules=mesh_rules,
+                           window=window).compile()
+    state = _sharded(jax.eval_shape(lambda *a: admit(*a, static=static, mesh_rules=mesh_rules, window=window),
+                                    *weights, state, *args, *sampling), admitted.output_shardings)
+    steps = jax.ShapeDtypeStruct((), jnp.int32, sharding=one)
+    decoded = decode.lower(*weights, state, steps, *sampling, static=static, mesh_rules=mesh_rules,
+                           window=r.cache_capacity).compile()
+    return [_phase(f"engine admit ({segments} prompts x {width} tokens -> {slots} slots)", admitted),
+            _phase(f"engine decode ({slots} slots, {r.cache_capacity}-slot window)", decoded)]
 
 
 def _value_with_lora(arch: Any, lora: Any) -> LlamaValueModel:
@@ -267,19 +305,22 @@ def compile_report(config: ConfigDict, topology: str) -> CompileReport:
     plan = plan_memory(config, parse_topology(topology))
     c = plan.components
     by = {p.name.split(" (")[0]: p for p in phases}
-    update, prefill = by["policy update"], by["prefill"]
+    update = by["policy update"]
     plan_update = planned_update(plan)
-    chunks = config.rollout.num_chunks
+    engine = "engine admit" in by  # the slots engine: one cache of every slot's row, in its programs' arguments
+    chunks = 1 if engine else config.rollout.num_chunks
+    prefill, decode = (by["engine admit"], by["engine decode"]) if engine else (by["prefill"], by["decode loop"])
     planned = {
         "update arguments": (plan_update["arguments"], update.arguments),
         "update temporaries": (plan_update["temporaries"], update.temporaries),
-        "prefill (weights, per-layer copy, one chunk's cache, attention)": (
+        ("engine admit (weights, per-layer copy, every slot's cache, attention)" if engine else
+         "prefill (weights, per-layer copy, one chunk's cache, attention)"): (
             c["policy params"] + c["sampler per-layer weights"] + c["KV cache (all dialogs)"] // chunks
             + c["prefill attention (one chunk)"], prefill.total),
     }
     outside_update = plan.resident - c["policy params"] - c["policy AdamW moments"]
     outside_rollout = plan.resident - c["policy params"] + c["KV cache (all dialogs)"] * (chunks - 1) // chunks
-    peak = max(update.total + outside_update, prefill.total + outside_rollout)
+    peak = max(update.total + outside_update, prefill.total + outside_rollout, decode.total + outside_rollout)
     arch = model_architecture(config.model)
     arch_params = param_count(arch)
     r = config.rollout
@@ -290,7 +331,7 @@ def compile_report(config: ConfigDict, topology: str) -> CompileReport:
     passes = 3 + (arch.remat == "full")
     attention = arch.num_layers * 2 * r.cache_capacity * arch.num_heads * arch.head_dim * passes
     update_flops = tokens * (2 * passes * arch_params + attention)
-    chunk = math.ceil(dialogs / chunks)
+    chunk = (config.rollout.slots or dialogs) if engine else math.ceil(dialogs / chunks)  # rows per decode step
     kv_bytes = chunk * r.cache_capacity * arch.num_layers * 2 * arch.num_kv_heads * arch.head_dim * jnp.dtype(
         arch.dtype).itemsize
     return CompileReport(topology, libtpu_topology(topology)[0], chip, dict(mesh.shape), phases, planned, peak,
@@ -315,7 +356,7 @@ def format_report(report: CompileReport) -> str:
     verdict = "fits" if report.fits else "DOES NOT FIT"
     lines.append(f"  {verdict}: peak {report.peak / gib:.2f} GiB of {report.hbm_bytes / gib:g} GiB HBM (the larger "
                  "program's total plus the resident state it does not hold)")
-    decode = report.phase("decode loop")
+    decode = next(p for p in report.phases if p.name.startswith(("decode loop", "engine decode")))
     chips = math.prod(report.mesh.values())
     step = report.update_flops_per_chip / chip.peak_bf16_flops
     lines.append(f"  roofline estimate ({chip.peak_bf16_flops / 1e12:g} TFLOP/s bf16, {chip.hbm_bytes_per_s / 1e9:g} "

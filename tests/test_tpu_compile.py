@@ -1,5 +1,5 @@
-"""The TPU compiler on this CPU host (`rljax plan --tpu-compile`): the update step and the sampler compile for a
-v5e 2x2 slice from abstract state, the compiler's memory figures set beside the planner's, clear one-line errors.
+"""The TPU compiler on this CPU host (`rljax plan --tpu-compile`): the update step and the sampler (or the slots
+engine) compile for a v5e 2x2 slice from abstract state, the compiler's memory figures set beside the planner's, clear one-line errors.
 Needs libtpu (the tpu-compile extra); skipped with the reason when it is absent."""
 from __future__ import annotations
 
@@ -42,6 +42,29 @@ def test_update_and_sampler_compile_for_v5e_2x2_and_match_the_planner():
         assert 1.0 <= planned / compiled <= 2.0, (name, planned, compiled)
     text = format_report(report)
     assert "fits: peak" in text and "roofline estimate" in text and "https://cloud.google.com/tpu/docs/v5e" in text
+
+
+def test_slots_engine_programs_compile_for_v5e_2x2():
+    """With `rollout.engine = "slots"` the engine's admit and decode are compiled instead of the chunked prefill
+    and decode: one cache of every slot's row in their (donated) state, compared with the planner's slot cache."""
+    from models.config import LlamaConfig
+    from rljax.tpu_compile import compile_report, format_report
+
+    config = _aligned_tiny()
+    config.rollout.engine = "slots"
+    report = compile_report(config, "v5e-4")
+    names = [p.name.split(" (")[0] for p in report.phases]
+    assert names == ["policy update", "scoring pass", "sampler per-layer weights", "engine admit", "engine decode"]
+    slots = config.rollout.problems_per_step * config.rollout.samples_per_problem  # rollout.slots 0: every dialog
+    admit, decode = report.phase("engine admit"), report.phase("engine decode")
+    assert f"-> {slots} slots" in admit.name and admit.aliased > 0 and decode.aliased > 0  # the state is donated
+    arch = LlamaConfig.preset("tiny", **config.model.overrides)
+    kv_bytes = slots * config.rollout.cache_capacity * arch.num_layers * 2 * arch.num_kv_heads * arch.head_dim * 4
+    kv_per_chip = kv_bytes / 4  # fp32 keys and values, slots sharded over the 4 chips
+    assert admit.arguments >= kv_per_chip and decode.arguments >= kv_per_chip
+    planned, compiled = report.planned["engine admit (weights, per-layer copy, every slot's cache, attention)"]
+    assert 1.0 <= planned / compiled <= 2.0, (planned, compiled)
+    assert f"decode step (the loop body: one step, {slots} dialogs)" in format_report(report)
 
 
 def test_plan_tpu_compile_cli_and_bad_input(capsys, monkeypatch):

@@ -129,9 +129,10 @@ def project(x: jax.Array, p: dict[str, Any], name: str, contract: int = 1) -> ja
     return y
 
 
-def _trained_qkv(x_btd: jax.Array, p: dict[str, Any], positions_bt: jax.Array, inv_freq: np.ndarray
-                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Queries and keys (rotated) and values of T tokens through the stacked weights and their LoRA paths."""
+def _qkv(x_btd: jax.Array, p: dict[str, Any], positions_bt: jax.Array, inv_freq: np.ndarray
+         ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Queries and keys (rotated to their positions) and values of T tokens, through LoRA paths where `p` has
+    them (training and scoring; the cached attentions read per-layer weights with the adapters merged in)."""
     return (apply_rope(project(x_btd, p, "q_dnh"), positions_bt, inv_freq),
             apply_rope(project(x_btd, p, "k_dkh"), positions_bt, inv_freq), project(x_btd, p, "v_dkh"))
 
@@ -149,7 +150,7 @@ def _attention_output(cfg: LlamaConfig, q_btnh: jax.Array, k_bskh: jax.Array, v_
 def _attention(cfg: LlamaConfig, x_btd: jax.Array, p: dict[str, Any], positions_bt: jax.Array,
                allowed_btt: jax.Array, inv_freq: np.ndarray) -> jax.Array:
     """Causal self-attention of one layer over the T tokens themselves (no cache: training, scoring)."""
-    q_btnh, k_btkh, v_btkh = _trained_qkv(x_btd, p, positions_bt, inv_freq)
+    q_btnh, k_btkh, v_btkh = _qkv(x_btd, p, positions_bt, inv_freq)
     return _attention_output(cfg, q_btnh, k_btkh, v_btkh, p, allowed_btt)
 
 
@@ -160,19 +161,12 @@ def _prefixed_attention(cfg: LlamaConfig, xp_upd: jax.Array, xs_btd: jax.Array, 
     """One layer's attention for U prefixes of P tokens and B suffixes of T tokens, suffix b continuing prefix
     prefix_row_b[b]: the prefixes attend to themselves; each suffix to its prefix's keys, then its own
     (`allowed_bts`, S = P + T). Returns the prefix and suffix outputs."""
-    qp, kp, vp = _trained_qkv(xp_upd, p, positions_up, inv_freq)
-    qs, ks, vs = _trained_qkv(xs_btd, p, positions_bt, inv_freq)
+    qp, kp, vp = _qkv(xp_upd, p, positions_up, inv_freq)
+    qs, ks, vs = _qkv(xs_btd, p, positions_bt, inv_freq)
     keys = jnp.concatenate([jnp.take(kp, prefix_row_b, axis=0), ks], axis=1)
     values = jnp.concatenate([jnp.take(vp, prefix_row_b, axis=0), vs], axis=1)
     return (_attention_output(cfg, qp, kp, vp, p, allowed_upp),
             _attention_output(cfg, qs, keys, values, p, allowed_bts))
-
-
-def _projected_qkv(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array, inv_freq: np.ndarray
-                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Queries and keys (rotated to their positions) and values of T tokens, for the cached attentions."""
-    return (apply_rope(dense(x_btd, p["q_dnh"]), positions_bt, inv_freq),
-            apply_rope(dense(x_btd, p["k_dkh"]), positions_bt, inv_freq), dense(x_btd, p["v_dkh"]))
 
 
 def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array, allowed_bts: jax.Array,
@@ -181,7 +175,7 @@ def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: j
     """One layer's attention for T new tokens against its cache: their keys/values are written at slots
     [index, index + T) first, then the queries score the whole cache (`allowed_bts`: valid slots up to each
     query's own). Returns the output and the updated key and value buffers."""
-    q_btnh, k_btkh, v_btkh = _projected_qkv(x_btd, p, positions_bt, inv_freq)
+    q_btnh, k_btkh, v_btkh = _qkv(x_btd, p, positions_bt, inv_freq)
     k_bkhs = jax.lax.dynamic_update_slice(k_bkhs, k_btkh.transpose(0, 2, 3, 1).astype(k_bkhs.dtype), (0, 0, 0, index))
     v_bksh = jax.lax.dynamic_update_slice(v_bksh, v_btkh.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, index, 0))
     return dense(_attend_cache(q_btnh, k_bkhs, v_bksh, allowed_bts), p["o_nhd"], contract=2), k_bkhs, v_bksh
@@ -208,7 +202,7 @@ def _row_cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_b
                           v_bksh: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """As `_cached_attention`, but token t of row b is written at its own slot columns_bt[b, t] (each row
     fills its cache at its own pace; a column past the buffer drops the write: padding, idle rows)."""
-    q_btnh, k_btkh, v_btkh = _projected_qkv(x_btd, p, positions_bt, inv_freq)
+    q_btnh, k_btkh, v_btkh = _qkv(x_btd, p, positions_bt, inv_freq)
     rows = jnp.arange(x_btd.shape[0])[:, None]
     k_bkhs = k_bkhs.at[rows, :, :, columns_bt].set(k_btkh.astype(k_bkhs.dtype), mode="drop")
     v_bksh = v_bksh.at[rows, :, columns_bt, :].set(v_btkh.astype(v_bksh.dtype), mode="drop")
@@ -221,7 +215,7 @@ def _fresh_cached_attention(cfg: LlamaConfig, x_utd: jax.Array, p: dict[str, jax
     """One layer's attention for the first T tokens of an empty cache: the U input rows attend to themselves
     (blocked causal attention, as without a cache: no score against the empty slots), then cache row b gets the
     keys/values of input row rows_b[b] at slots [0, T) (a prompt shared by several sequences is computed once)."""
-    q_utnh, k_utkh, v_utkh = _projected_qkv(x_utd, p, positions_ut, inv_freq)
+    q_utnh, k_utkh, v_utkh = _qkv(x_utd, p, positions_ut, inv_freq)
     out_utnh = _blocked_self_attention(q_utnh, k_utkh, v_utkh, allowed_utt,
                                        query_block_count(cfg, q_utnh.shape[1]))
     out_utnh = constrain(out_utnh, ("batch", "length", "heads", "head_dim"))
@@ -247,8 +241,8 @@ def _blocked_self_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Ar
     the queries split into `num_blocks` blocks; `allowed_bts` is [B, T, S].
 
     The block of queries [start, end) scores only the keys [0, S - T + end): the later ones are causally masked
-    anyway, so 8 blocks skip ~44% of the score and value matmuls (padding is still masked by `allowed_bts`). Heads lead
-    ([B, kv heads, group * block, H]) so XLA:CPU's batched matmuls need no transposed copies backwards.
+    anyway, so 8 blocks skip ~44% of the score and value matmuls (padding is still masked by `allowed_bts`).
+    Heads lead ([B, kv heads, group * block, H]) so XLA:CPU's batched matmuls need no transposed copies backwards.
     SmolLM2 layer fwd+bwd at 8 x 256 on 2 CPU cores: 56 ms token-major in one block, 32 ms this way.
     """
     b, t, n, h = q_btnh.shape

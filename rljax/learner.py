@@ -111,7 +111,11 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
 
 
 def _micro(batch: dict[str, jax.Array], num_micro: int) -> dict[str, jax.Array]:
-    """[B, ...] -> [m, B/m, ...] with micro-batch i = rows i, i+m, ... (keeps each device's share equal)."""
+    """[B, ...] -> [m, B/m, ...] with micro-batch i = rows i, i+m, ... (keeps each device's share equal).
+    Shared-prompt arrays laid out for another split are refused (their prefix rows would be wrong)."""
+    if "prefix_tokens" in batch and batch["prefix_micro_batches"].shape[0] != num_micro:
+        raise ValueError(f"the batch's shared prompts are laid out for {batch['prefix_micro_batches'].shape[0]} "
+                         f"micro-batches; this update splits it into {num_micro}")
     def split(x: jax.Array) -> jax.Array:
         b = x.shape[0]
         if b % num_micro:
@@ -123,13 +127,6 @@ def _micro(batch: dict[str, jax.Array], num_micro: int) -> dict[str, jax.Array]:
 
 SHARED_PREFIX_KEYS = ("prefix_tokens", "prefix_positions", "prefix_valid", "prefix_row", "suffix_columns",
                       "prefix_micro_batches")
-
-
-def check_prefix_layout(batch: dict[str, Any], num_micro: int) -> None:
-    """Refuse shared-prompt arrays laid out for another micro-batch split (their prefix rows would be wrong)."""
-    if "prefix_tokens" in batch and batch["prefix_micro_batches"].shape[0] != num_micro:
-        raise ValueError(f"the batch's shared prompts are laid out for {batch['prefix_micro_batches'].shape[0]} "
-                         f"micro-batches; this update splits it into {num_micro}")
 
 
 def token_logprobs(model: Llama, batch: dict[str, jax.Array], temperature: float,
@@ -234,14 +231,12 @@ class Learner:
 
     def score(self, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """(logprobs, entropy) [B, L] of the batch's tokens under `params` (the policy's or the reference's)."""
-        check_prefix_layout(batch, self.num_micro)
         return self._score(params, self.policy_frozen, batch)
 
     def values(self, batch: dict[str, jax.Array]) -> jax.Array:
         return self._values(self.value_state.params, self.value_frozen, batch)
 
     def update_policy(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        check_prefix_layout(batch, self.num_micro)
         self.policy_state, metrics = self._update_policy(self.policy_state, self.policy_frozen, batch)
         return metrics
 

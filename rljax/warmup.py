@@ -26,8 +26,8 @@ import numpy as np
 from flax import nnx
 
 from rljax.batching import aggregation_weights, build_batch, shared_prefixes
-from rljax.learner import (Learner, OptimConfig, TrainState, accumulate_and_apply, check_prefix_layout, init_state,
-                           make_optimizer, token_logprobs)
+from rljax.learner import (Learner, OptimConfig, TrainState, accumulate_and_apply, init_state, make_optimizer,
+                           token_logprobs)
 from rljax.rollout import Trajectory
 
 
@@ -113,7 +113,6 @@ class SupervisedWarmup:
 
     def update(self, batch: dict[str, jax.Array]) -> dict[str, float]:
         """One step on `batch`; its NLL per answer token (before the step) and the gradient norm."""
-        check_prefix_layout(batch, self.num_micro)
         self.state, metrics = self._update(self.state, self.learner.policy_frozen, batch)
         return {"nll": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"])}
 

@@ -11,11 +11,17 @@ past the buffer drops the write (padding, rows not admitted), so nothing outside
 
 Tokens depend only on the sequence: the key of the token a sequence samples at position p is
 fold_in(fold_in(key, sequence id), p), never the slot or the batch around it. Log-probabilities and entropies
-are those of `models.sampler` (log_softmax(logits / T) over the full vocabulary, before top-k/top-p).
+are those of `models.sampler` (log_softmax(logits / T) over the full vocabulary, before top-k/top-p). The
+float arithmetic of a row can follow the batch's row count in its last bits (XLA:CPU blocks a matmul by its
+shape: one SmolLM2 row's logprobs differ by up to 3e-5 between batches of 1 and 32), so a sample that falls
+within that of a boundary between two tokens could differ with the batch a call computes.
 
-Cost: prefill and decode attend to cache columns [0, W), W = `attention_window` of the fullest live row; the
-window is copied out and back once per call as in `models.sampler`. On TPU the pod-scale form is a ragged
-paged-attention kernel, where each slot reads only its own pages and W is per row.
+Cost: a decode call computes only the rows the host names (the live slots, rounded up to a few batch sizes),
+so idle slots (their dialog ended or waits on its score) cost nothing where decode is compute-bound (a CPU).
+Prefill and decode attend to cache columns [0, W), W = `attention_window` of the fullest row computed; those
+rows' window is gathered once per call, and only the columns the call wrote go back into the cache. On TPU
+the pod-scale form is a ragged paged-attention kernel, where each slot reads only its own pages and W is per
+row, and where decode is memory-bound the batch size matters less than the bytes read.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 from models.llama import KVCache
-from models.sampler import (Layers, _constrain_cache, _maybe_mesh, _pick, _put_window, _Static, _window_of)
+from models.sampler import Layers, _constrain_cache, _maybe_mesh, _pick, _Static
 
 
 @flax.struct.dataclass
@@ -86,17 +92,36 @@ def _record(state: SlotState, live_b: jax.Array, token_b: jax.Array, logprob_b: 
                          live_b=live_b & ~is_stop & (count < static.max_new))
 
 
-def _rows_of(cache: KVCache, rows_a: jax.Array) -> KVCache:
-    return KVCache(tuple(jnp.take(k, rows_a, axis=0) for k in cache.k_bkhs),
-                   tuple(jnp.take(v, rows_a, axis=0) for v in cache.v_bksh), jnp.take(cache.valid_bs, rows_a, axis=0),
-                   cache.index)
+def _take_rows(x: jax.Array, rows_a: jax.Array, sizes: dict[int, int]) -> jax.Array:
+    """Rows `rows_a` of x (an index past the batch: the last row), only the first sizes[axis] entries of the
+    axes named: one gather that reads just that (a slice before it would copy every row's part first)."""
+    slice_sizes = (1,) + tuple(sizes.get(axis, n) for axis, n in enumerate(x.shape) if axis)
+    numbers = jax.lax.GatherDimensionNumbers(offset_dims=tuple(range(1, x.ndim)), collapsed_slice_dims=(0,),
+                                             start_index_map=(0,))
+    return jax.lax.gather(x, rows_a[:, None], numbers, slice_sizes, mode="clip")
 
 
-def _put_rows(cache: KVCache, rows_a: jax.Array, part: KVCache) -> KVCache:
-    """`part`'s rows written over rows `rows_a` of `cache` (a row index past the batch: dropped)."""
-    put = lambda full, rows: full.at[rows_a].set(rows, mode="drop")  # noqa: E731
-    return KVCache(tuple(map(put, cache.k_bkhs, part.k_bkhs)), tuple(map(put, cache.v_bksh, part.v_bksh)),
-                   put(cache.valid_bs, part.valid_bs), cache.index)
+def _rows_of(cache: KVCache, rows_a: jax.Array, window: int) -> KVCache:
+    """Rows `rows_a` of `cache` (an index past the batch: its last row), their first `window` columns."""
+    return KVCache(tuple(_take_rows(k, rows_a, {3: window}) for k in cache.k_bkhs),
+                   tuple(_take_rows(v, rows_a, {2: window}) for v in cache.v_bksh),
+                   _take_rows(cache.valid_bs, rows_a, {1: window}), cache.index)
+
+
+def _copy_columns(full: KVCache, part: KVCache, source_a: jax.Array, row_a: jax.Array, first_a: jax.Array,
+                  count_a: jax.Array, width: int) -> KVCache:
+    """Columns [first_a[a], first_a[a] + count_a[a]) (count <= `width`) of `part`'s row source_a[a] written over
+    the same columns of `full`'s row row_a[a], which become valid (a row past `full`'s batch: dropped). Only the
+    new tokens' keys and values move: no whole row is copied back."""
+    offsets = jnp.arange(width)[None, :]
+    source_aw = jnp.minimum(first_a[:, None] + offsets, part.length - 1)
+    column_aw = jnp.where(offsets < count_a[:, None], first_a[:, None] + offsets, full.length)  # past: dropped
+    src, dst = source_a[:, None], row_a[:, None]
+    keys = tuple(f.at[dst, :, :, column_aw].set(p[src, :, :, source_aw], mode="drop")
+                 for f, p in zip(full.k_bkhs, part.k_bkhs))
+    values = tuple(f.at[dst, :, column_aw, :].set(p[src, :, source_aw, :], mode="drop")
+                   for f, p in zip(full.v_bksh, part.v_bksh))
+    return KVCache(keys, values, full.valid_bs.at[dst, column_aw].set(True, mode="drop"), full.index)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window"),
@@ -110,22 +135,25 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
     continuation of slot `row_u[u]`'s row, starting with its pending token. Slot `slot_a[a]` (a slot index past
     the batch: padding) takes segment `source_a[a]`'s keys/values and samples its first token as sequence
     `sequence_a[a]`: the G answers of a group share one prompt segment, computed once. Slots not named are
-    unchanged. Columns [0, window) hold every write."""
+    unchanged. Columns [0, window) hold every write.
+
+    Cost: the U segments attend to their rows' first `window` columns (gathered once); only the segments' own
+    columns are written into the slots' rows."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         fill_u = jnp.where(reset_u, 0, state.fill_b[row_u])
         start_u = jnp.where(reset_u, 0, state.position_b[row_u])
         offsets = jnp.arange(tokens_ut.shape[1])[None, :]
         columns = jnp.where(offsets < length_u[:, None], fill_u[:, None] + offsets, window)
+        history = _rows_of(state.cache, row_u, window)
+        history = history.replace(valid_bs=history.valid_bs & ~reset_u[:, None])
+        h_utd, part = model.layers.with_row_cache(model.embed(tokens_ut), start_u[:, None] + offsets, columns,
+                                                  history, layers)
         rows = jnp.minimum(slot_a, state.fill_b.shape[0] - 1)
-        cleared = state.cache.valid_bs[rows] & ~reset_u[source_a][:, None]  # what a new sequence's row held goes
-        full = state.cache.replace(valid_bs=state.cache.valid_bs.at[slot_a].set(cleared, mode="drop"))
-        window_cache = _window_of(full, window)
-        part = _rows_of(window_cache, row_u)
-        part = part.replace(valid_bs=part.valid_bs & ~reset_u[:, None])
-        h_utd, part = model.layers.with_row_cache(model.embed(tokens_ut), start_u[:, None] + offsets, columns, part,
-                                                  layers)
-        cache = _put_window(full, _put_rows(window_cache, slot_a, _rows_of(part, source_a)))
+        kept = state.cache.valid_bs[rows] & ~reset_u[source_a][:, None]  # what a new sequence's row held goes
+        cache = state.cache.replace(valid_bs=state.cache.valid_bs.at[slot_a].set(kept, mode="drop"))
+        cache = _copy_columns(cache, part, source_a, slot_a, fill_u[source_a], length_u[source_a],
+                              tokens_ut.shape[1])
         last_h = jnp.take_along_axis(h_utd, jnp.maximum(length_u - 1, 0)[:, None, None], axis=1)
         logits = model.logits(model.final_norm(last_h))[:, 0][source_a]
         position = (start_u + length_u)[source_a]
@@ -143,16 +171,28 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
             logprobs_bn=first(state.logprobs_bn, logprob), entropy_bn=first(state.entropy_bn, entropy))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window"),
+_ROW_FIELDS = ("fill_b", "last_b", "position_b", "sequence_b", "live_b", "count_b", "tokens_bn", "logprobs_bn",
+               "entropy_bn")
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window", "steps"),
                    donate_argnames=("state",))
-def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SlotState, steps: jax.Array,
-           key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any, window: int
-           ) -> SlotState:
-    """Up to `steps` decode steps of every live slot (fewer when none is left live). Each live slot feeds its
-    pending token at its own column and samples the next; the others write nothing. Every live row's fill
-    stays below `window` (the caller's choice)."""
+def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SlotState, rows_c: jax.Array,
+           key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any, window: int,
+           steps: int) -> SlotState:
+    """Up to `steps` decode steps of the live slots among `rows_c` ([C] slot indices; an index past the batch
+    pads), fewer when none is left live. Each live slot feeds its pending token at its own column and samples
+    the next; the others write nothing. Every live row's fill stays below `window` (the caller's choice).
+
+    Only the C named rows are computed: decode costs C rows per step whatever the number of slots, so the host
+    names the live ones (rounded up to a few sizes) and idle slots cost nothing. Their first `window` columns
+    are gathered once per call, and only the columns the loop wrote are put back."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
+        take = lambda x: jnp.take(x, rows_c, axis=0, mode="clip")  # noqa: E731
+        rows = state.replace(cache=_rows_of(state.cache, rows_c, window),
+                             **{name: take(getattr(state, name)) for name in _ROW_FIELDS})
+        rows = rows.replace(live_b=rows.live_b & (rows_c < state.fill_b.shape[0]))
 
         def cond(carry: tuple[jax.Array, SlotState]) -> jax.Array:
             step, s = carry
@@ -170,10 +210,12 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slo
             s = s.replace(cache=_constrain_cache(cache), fill_b=s.fill_b + live, position_b=position)
             return step + 1, _record(s, live, token, logprob, entropy, static)
 
-        full = state.cache
-        _, state = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32),
-                                                   state.replace(cache=_window_of(full, window))))
-        return state.replace(cache=_constrain_cache(_put_window(full, state.cache)))
+        _, done = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), rows))
+        cache = _copy_columns(state.cache, done.cache, jnp.arange(rows_c.shape[0]), rows_c, rows.fill_b,
+                              done.fill_b - rows.fill_b, steps)
+        put = lambda full, part: full.at[rows_c].set(part, mode="drop")  # noqa: E731
+        return state.replace(cache=_constrain_cache(cache),
+                             **{name: put(getattr(state, name), getattr(done, name)) for name in _ROW_FIELDS})
 
 
 def host_rows(state: SlotState) -> dict[str, np.ndarray]:

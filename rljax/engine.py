@@ -29,6 +29,7 @@ import numpy as np
 from executor.pool import ExecutorPool
 from models.llama import KVCache
 from models.sampler import FINISH_EOS, FINISH_LENGTH, Completion, Sampler, SamplingParams, attention_window
+from models.sharding import batch_sharding
 from models.slots import SlotState, admit, decode, host_rows
 from rljax.dialog import DialogCodec
 from rljax.envs.base import Env, Episode
@@ -41,7 +42,7 @@ class SlotRolloutRunner(RolloutRunner):
     """Runs a batch of episodes to the end on `num_slots` decode slots (see the module doc)."""
 
     def __init__(self, sampler: Sampler, codec: DialogCodec, env: Env, pool: ExecutorPool, sampling: SamplingParams,
-                 cache_capacity: int, num_slots: int, check_every: int = 16):
+                 cache_capacity: int, num_slots: int, check_every: int = 16, decode_sizes: int = 4):
         super().__init__(sampler, codec, env, pool, sampling, cache_capacity)
         if num_slots < 1:
             raise ValueError(f"rollout.slots must be >= 1, got {num_slots}")
@@ -52,7 +53,9 @@ class SlotRolloutRunner(RolloutRunner):
         if sampling.stop_strings:
             raise ValueError("rollout.engine 'slots' ends answers on stop ids only; stop strings need the "
                              "'chunks' engine")
-        self.num_slots, self.check_every = num_slots, check_every
+        if decode_sizes < 1:
+            raise ValueError(f"rollout.decode_sizes must be >= 1, got {decode_sizes}")
+        self.num_slots, self.check_every, self.decode_sizes = num_slots, check_every, decode_sizes
 
     def run(self, episodes: Sequence[Episode], groups: Sequence[int], names: Sequence[str], key: jax.Array
             ) -> tuple[list[Trajectory], RolloutStats]:
@@ -113,12 +116,13 @@ class SlotRolloutRunner(RolloutRunner):
             if live.any():
                 window = attention_window(min(int(rows["fill_b"][live].max()) + self.check_every,
                                               self.cache_capacity), self.cache_capacity)
-                state = decode(*weights, state, jnp.int32(self.check_every), key, temperature, top_p,
-                               static=static, mesh_rules=self.sampler._mesh_rules, window=window)
+                rows_c = self._decode_rows(np.flatnonzero(live), slots)
+                state = decode(*weights, state, jnp.asarray(rows_c), key, temperature, top_p, static=static,
+                               mesh_rules=self.sampler._mesh_rules, window=window, steps=self.check_every)
                 before, rows = rows["count_b"], host_rows(state)
                 steps = int((rows["count_b"] - before)[live].max())
-                stats.decode_slot_steps += steps * slots
-                stats.decode_kv_slots_read += steps * slots * window
+                stats.decode_slot_steps += steps * len(rows_c)
+                stats.decode_kv_slots_read += steps * len(rows_c) * window
             stats.generate_s += time.perf_counter() - t0
             finished = [b for b in range(slots) if phase[b] == LIVE and not rows["live_b"][b]]
             if finished:
@@ -133,6 +137,18 @@ class SlotRolloutRunner(RolloutRunner):
                     phase[b] = SCORING
         stats.total_s = time.perf_counter() - started
         return trajectories, stats
+
+    def _decode_rows(self, live: np.ndarray, slots: int) -> np.ndarray:
+        """The slots one decode call computes: the live ones, padded (with `slots`, past the batch) to a multiple
+        of `slots / decode_sizes` (rounded up to the mesh's batch shards), so a run compiles at most
+        `decode_sizes` batch sizes per window."""
+        shards = 1
+        if self.sampler._mesh_rules is not None:
+            mesh, rules = self.sampler._mesh_rules
+            shards = slots // batch_sharding(mesh, 1, rules, batch_size=slots).shard_shape((slots,))[0]
+        granule = -(-max(1, -(-slots // self.decode_sizes)) // shards) * shards
+        count = min(slots, -(-len(live) // granule) * granule)
+        return np.concatenate([live, np.full(count - len(live), slots)]).astype(np.int32)
 
     def _admit(self, weights: tuple, state: SlotState, admissions: list[tuple[int, list[int], bool]],
                owner: list[int], rows: dict[str, np.ndarray], key: jax.Array, temperature: jax.Array,
@@ -158,8 +174,9 @@ class SlotRolloutRunner(RolloutRunner):
         length, row_u, reset_u = np.zeros(count, np.int32), np.zeros(count, np.int32), np.ones(count, bool)
         for u, ids in enumerate(segments):
             tokens[u, :len(ids)], length[u], row_u[u], reset_u[u] = ids, len(ids), row[u], reset[u]
-        slot_a, source_a, sequence_a = np.full(slots, slots, np.int32), np.zeros(slots, np.int32), np.zeros(slots,
-                                                                                                           np.int32)
+        width_a = min(1 << (len(admissions) - 1).bit_length(), slots)
+        slot_a, source_a, sequence_a = (np.full(width_a, slots, np.int32), np.zeros(width_a, np.int32),
+                                        np.zeros(width_a, np.int32))
         for a, ((b, _, _), u) in enumerate(zip(admissions, source)):
             slot_a[a], source_a[a], sequence_a[a] = b, u, owner[b]
         vocab = self.sampler.model.config.vocab_size
@@ -179,5 +196,5 @@ def rollout_runner(config: object, sampler: Sampler, codec: DialogCodec, env: En
     r = config.rollout
     if r.engine == "slots":
         return SlotRolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.slots or dialogs,
-                                 r.check_every)
+                                 r.check_every, r.decode_sizes)
     return RolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.num_chunks)

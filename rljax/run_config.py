@@ -51,8 +51,9 @@ def base_config() -> ConfigDict:
         "problems_per_step": 8, "samples_per_problem": 1, "max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0,
         "top_k": 0, "cache_capacity": 4096, "length_bucket": 64, "num_chunks": 2, "executor_workers": 0,
         # engine: chunks (rljax.rollout: the batch in num_chunks lockstep chunks) | slots (rljax.engine: every live
-        # dialog in one decode batch of `slots` slots, 0 = all dialogs, refilled as turns end; one process only)
-        "engine": "chunks", "slots": 0, "check_every": 16})
+        # dialog in one decode batch of `slots` slots, 0 = all dialogs, refilled as turns end; one process only;
+        # a decode call computes only the live slots, rounded up to one of `decode_sizes` batch sizes)
+        "engine": "chunks", "slots": 0, "check_every": 16, "decode_sizes": 4})
     # policy-optimisation variants (README "Variants"; the defaults are the papers' settings):
     # clip_eps_high (0 = clip_eps) and dual_clip (0 = off) on the ratio; ratio_level token | sequence (GSPO);
     # group_baseline group_mean | leave_one_out (RLOO); scale_by_std False + aggregation constant_length is
@@ -108,7 +109,7 @@ POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_pro
             "rollout.cache_capacity", "rollout.length_bucket", "rollout.num_chunks", "train.micro_batches",
             "train.seq_bucket", "train.vocab_chunk", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs",
             "eval.samples_per_problem", "eval.batch_dialogs", "eval.bootstrap_resamples", "warmup.batch",
-            "warmup.micro_batches", "rollout.check_every")
+            "warmup.micro_batches", "rollout.check_every", "rollout.decode_sizes")
 NON_NEGATIVE = ("log.samples_per_step", "warmup.steps", "rollout.slots")
 
 

@@ -242,7 +242,6 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     state = _sharded(state, jax.tree.map(lambda x: _batch_or_replicated(mesh, x), state))
     segments = min(1 << (math.ceil(slots / r.samples_per_problem) - 1).bit_length(), slots)
     width = min(1 << (width - 1).bit_length(), r.cache_capacity)
-    one = NamedSharding(mesh, PartitionSpec())
     args = (rows((segments, width), jnp.int32), rows((segments,), jnp.int32), rows((segments,), jnp.int32),
             rows((segments,), jnp.bool_), rows((slots,), jnp.int32), rows((slots,), jnp.int32),
             rows((slots,), jnp.int32))
@@ -251,9 +250,8 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
                            window=window).compile()
     state = _sharded(jax.eval_shape(lambda *a: admit(*a, static=static, mesh_rules=mesh_rules, window=window),
                                     *weights, state, *args, *sampling), admitted.output_shardings)
-    steps = jax.ShapeDtypeStruct((), jnp.int32, sharding=one)
-    decoded = decode.lower(*weights, state, steps, *sampling, static=static, mesh_rules=mesh_rules,
-                           window=r.cache_capacity).compile()
+    decoded = decode.lower(*weights, state, rows((slots,), jnp.int32), *sampling, static=static,
+                           mesh_rules=mesh_rules, window=r.cache_capacity, steps=r.check_every).compile()
     return [_phase(f"engine admit ({segments} prompts x {width} tokens -> {slots} slots)", admitted),
             _phase(f"engine decode ({slots} slots, {r.cache_capacity}-slot window)", decoded)]
 

@@ -23,7 +23,8 @@ def run(sampler, prompts):
 
 
 def run_slots(sampler, prompts):
-    """Slots 0-4 admitted first, 4 decode steps, then slots 5-7; greedy to 12 tokens each."""
+    """Slots 0-4 admitted first, 4 decode steps of those rows alone, then slots 5-7 and all rows; greedy to 12
+    tokens each."""
     sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
     weights, static = sampler._weights(), sampler._static(sampling)
     state = slots.SlotState.init(sampler._place(KVCache.init(sampler.model.config, 8, 128)), 12)
@@ -38,12 +39,12 @@ def run_slots(sampler, prompts):
                            jnp.ones(8, bool), jnp.asarray(slot), jnp.arange(8), jnp.asarray(slot % 8),
                            jax.random.key(0), *one, static=static, mesh_rules=sampler._mesh_rules, window=128)
 
-    def decode(state, steps):
-        return slots.decode(*weights, state, jnp.int32(steps), jax.random.key(0), *one, static=static,
-                            mesh_rules=sampler._mesh_rules, window=128)
+    def decode(state, rows, steps):
+        return slots.decode(*weights, state, jnp.asarray(rows, jnp.int32), jax.random.key(0), *one, static=static,
+                            mesh_rules=sampler._mesh_rules, window=128, steps=steps)
 
-    state = decode(admit(state, range(5)), 4)
-    state = decode(admit(state, range(5, 8)), 100)
+    state = decode(admit(state, range(5)), [0, 1, 2, 3, 4, 8], 4)  # only the live rows, one padding row
+    state = decode(admit(state, range(5, 8)), range(8), 100)
     rows = slots.host_rows(state)
     return [np.asarray(state.tokens_bn)[b, :rows["count_b"][b]].tolist() for b in range(8)]
 

@@ -392,22 +392,15 @@ class DecoderStack(nnx.Module):
             visible_ts = jnp.arange(cache.length)[None, :] <= cache.index + jnp.arange(t)[:, None]
             allowed = valid_bs[:, None, :] & visible_ts[None]
             index = cache.index
-        keys, values = [], []
-        layers = self.per_layer() if layers is None else layers
-        for i, p in enumerate(layers):
-            x_btd = rms_norm(h_btd, p["attn_norm_d"], cfg.rms_norm_eps)
-            if fresh:
-                attn, k_bkhs, v_bksh = _fresh_cached_attention(cfg, x_btd, p, positions_bt, allowed, inv_freq,
-                                                               cache.k_bkhs[i], cache.v_bksh[i], rows_b)
-            else:
-                attn, k_bkhs, v_bksh = _cached_attention(x_btd, p, positions_bt, allowed, inv_freq, cache.k_bkhs[i],
-                                                         cache.v_bksh[i], index)
-            h_btd = h_btd + attn
-            h_btd = h_btd + _mlp(rms_norm(h_btd, p["mlp_norm_d"], cfg.rms_norm_eps), p)
-            h_btd = constrain(h_btd, ("batch", "length", "act_embed"))
-            keys.append(k_bkhs)
-            values.append(v_bksh)
-        return h_btd, KVCache(tuple(keys), tuple(values), valid_bs, index + t)
+        if fresh:
+            def attention(x_btd, p, k_bkhs, v_bksh):
+                return _fresh_cached_attention(cfg, x_btd, p, positions_bt, allowed, inv_freq, k_bkhs, v_bksh, rows_b)
+        else:
+            def attention(x_btd, p, k_bkhs, v_bksh):
+                return _cached_attention(x_btd, p, positions_bt, allowed, inv_freq, k_bkhs, v_bksh, index)
+        h_btd, keys, values = self._over_cache(h_btd, cache, self.per_layer() if layers is None else layers,
+                                               attention)
+        return h_btd, KVCache(keys, values, valid_bs, index + t)
 
     def with_row_cache(self, h_btd: jax.Array, positions_bt: jax.Array, columns_bt: jax.Array, cache: KVCache,
                        layers: Sequence[dict[str, jax.Array]]) -> tuple[jax.Array, KVCache]:
@@ -419,17 +412,23 @@ class DecoderStack(nnx.Module):
         rows = jnp.arange(h_btd.shape[0])[:, None]
         valid_bs = cache.valid_bs.at[rows, columns_bt].set(True, mode="drop")
         allowed_bts = valid_bs[:, None, :] & (jnp.arange(cache.length)[None, None, :] <= columns_bt[:, :, None])
+        h_btd, keys, values = self._over_cache(h_btd, cache, layers, lambda x_btd, p, k_bkhs, v_bksh: (
+            _row_cached_attention(x_btd, p, positions_bt, columns_bt, allowed_bts, inv_freq, k_bkhs, v_bksh)))
+        return h_btd, KVCache(keys, values, valid_bs, cache.index)
+
+    def _over_cache(self, h_btd: jax.Array, cache: KVCache, layers: Sequence[dict[str, jax.Array]],
+                    attention: Any) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+        """Every layer in a Python loop: `attention(x_btd, p, k_bkhs, v_bksh) -> (out, k_bkhs, v_bksh)` against
+        that layer's cache buffers, then the MLP. Returns the hidden states and each layer's new buffers."""
+        eps = self.config.rms_norm_eps
         keys, values = [], []
-        for i, p in enumerate(layers):
-            attn, k_bkhs, v_bksh = _row_cached_attention(rms_norm(h_btd, p["attn_norm_d"], cfg.rms_norm_eps), p,
-                                                         positions_bt, columns_bt, allowed_bts, inv_freq,
-                                                         cache.k_bkhs[i], cache.v_bksh[i])
+        for p, k_bkhs, v_bksh in zip(layers, cache.k_bkhs, cache.v_bksh):
+            attn, k_bkhs, v_bksh = attention(rms_norm(h_btd, p["attn_norm_d"], eps), p, k_bkhs, v_bksh)
             h_btd = h_btd + attn
-            h_btd = h_btd + _mlp(rms_norm(h_btd, p["mlp_norm_d"], cfg.rms_norm_eps), p)
-            h_btd = constrain(h_btd, ("batch", "length", "act_embed"))
+            h_btd = constrain(h_btd + _mlp(rms_norm(h_btd, p["mlp_norm_d"], eps), p), ("batch", "length", "act_embed"))
             keys.append(k_bkhs)
             values.append(v_bksh)
-        return h_btd, KVCache(tuple(keys), tuple(values), valid_bs, cache.index)
+        return h_btd, tuple(keys), tuple(values)
 
 
 class Llama(nnx.Module):

@@ -201,20 +201,31 @@ def _pick(logits_bv: jax.Array, key: jax.Array, temperature: jax.Array, top_p: j
     return token, logprob, entropy
 
 
+def _append_tokens(state: Any, live_b: jax.Array, token_b: jax.Array, logprob_b: jax.Array, entropy_b: jax.Array,
+                   static: _Static) -> tuple[dict[str, jax.Array], jax.Array]:
+    """Each live row's new token, its logprob and entropy put at the row's count in `state`'s [B, max_new]
+    buffers. Returns the new `tokens_bn`, `logprobs_bn`, `entropy_bn`, `count_b`, `last_b` and whether each row
+    ends here (a stop id, or max_new tokens)."""
+    rows = jnp.arange(token_b.shape[0])
+    slot = jnp.minimum(state.count_b, static.max_new - 1)
+
+    def put(buffer: jax.Array, value: jax.Array) -> jax.Array:
+        return buffer.at[rows, slot].set(jnp.where(live_b, value, buffer[rows, slot]))
+
+    count = state.count_b + live_b
+    is_stop = jnp.isin(token_b, jnp.asarray(static.stop_ids, jnp.int32)) if static.stop_ids else False
+    fields = {"tokens_bn": put(state.tokens_bn, token_b), "logprobs_bn": put(state.logprobs_bn, logprob_b),
+              "entropy_bn": put(state.entropy_bn, entropy_b), "count_b": count,
+              "last_b": jnp.where(live_b, token_b, state.last_b)}
+    return fields, is_stop | (count >= static.max_new)
+
+
 def _record(state: SamplerState, token_b: jax.Array, logprob_b: jax.Array, entropy_b: jax.Array,
             static: _Static) -> SamplerState:
     """Append each live sequence's new token; finish it on a stop id or at max_new tokens."""
     live = ~state.done_b
-    rows = jnp.arange(token_b.shape[0])
-    slot = jnp.minimum(state.count_b, static.max_new - 1)
-    tokens = state.tokens_bn.at[rows, slot].set(jnp.where(live, token_b, state.tokens_bn[rows, slot]))
-    logprobs = state.logprobs_bn.at[rows, slot].set(jnp.where(live, logprob_b, state.logprobs_bn[rows, slot]))
-    entropy = state.entropy_bn.at[rows, slot].set(jnp.where(live, entropy_b, state.entropy_bn[rows, slot]))
-    count = state.count_b + live
-    is_stop = jnp.isin(token_b, jnp.asarray(static.stop_ids, jnp.int32)) if static.stop_ids else False
-    done = state.done_b | (live & is_stop) | (count >= static.max_new)
-    return state.replace(last_b=jnp.where(live, token_b, state.last_b), tokens_bn=tokens, logprobs_bn=logprobs,
-                         entropy_bn=entropy, count_b=count, done_b=done)
+    fields, ends = _append_tokens(state, live, token_b, logprob_b, entropy_b, static)
+    return state.replace(**fields, done_b=state.done_b | (live & ends))
 
 
 Layers = tuple[dict[str, jax.Array], ...]  # per-layer weights, `DecoderStack.per_layer`
@@ -440,6 +451,12 @@ class Sampler:
                        use_top_p=not sampling.greedy and sampling.top_p < 1.0, stop_ids=sampling.stop_ids,
                        max_new=sampling.max_new_tokens)
 
+    def check_token_ids(self, tokens: np.ndarray, owner: str) -> None:
+        """One line naming `owner` when an id of `tokens` is outside the model's vocabulary [0, V)."""
+        vocab = self.model.config.vocab_size
+        if tokens.min() < 0 or tokens.max() >= vocab:
+            raise ValueError(f"{owner}: token ids must be in [0, {vocab}), got range [{tokens.min()}, {tokens.max()}]")
+
     def _scalars(self, sampling: SamplingParams) -> tuple[jax.Array, jax.Array]:
         return jnp.float32(sampling.temperature or 1.0), jnp.float32(sampling.top_p)
 
@@ -466,9 +483,7 @@ class Sampler:
         for b, seg in enumerate(segments):
             tokens[b, width - len(seg):] = seg
             mask[b, width - len(seg):] = active[b]
-        vocab = self.model.config.vocab_size
-        if tokens.min() < 0 or tokens.max() >= vocab:
-            raise ValueError(f"Sampler: token ids must be in [0, {vocab}), got range [{tokens.min()}, {tokens.max()}]")
+        self.check_token_ids(tokens, "Sampler")
         graphdef, params, layers = weights
         temperature, top_p = self._scalars(sampling)
         batch = len(start_positions)

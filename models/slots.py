@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 from models.llama import KVCache
-from models.sampler import Layers, _constrain_cache, _maybe_mesh, _pick, _Static
+from models.sampler import Layers, _append_tokens, _constrain_cache, _maybe_mesh, _pick, _Static
 
 
 @flax.struct.dataclass
@@ -78,18 +78,8 @@ def _pick_rows(logits_bv: jax.Array, key: jax.Array, sequence_b: jax.Array, posi
 def _record(state: SlotState, live_b: jax.Array, token_b: jax.Array, logprob_b: jax.Array, entropy_b: jax.Array,
             static: _Static) -> SlotState:
     """Append the new token of each live row; a row stops being live on a stop id or at max_new tokens."""
-    rows = jnp.arange(token_b.shape[0])
-    slot = jnp.minimum(state.count_b, static.max_new - 1)
-
-    def put(buffer: jax.Array, value: jax.Array) -> jax.Array:
-        return buffer.at[rows, slot].set(jnp.where(live_b, value, buffer[rows, slot]))
-
-    count = state.count_b + live_b
-    is_stop = jnp.isin(token_b, jnp.asarray(static.stop_ids, jnp.int32)) if static.stop_ids else jnp.zeros_like(live_b)
-    return state.replace(tokens_bn=put(state.tokens_bn, token_b), logprobs_bn=put(state.logprobs_bn, logprob_b),
-                         entropy_bn=put(state.entropy_bn, entropy_b), count_b=count,
-                         last_b=jnp.where(live_b, token_b, state.last_b),
-                         live_b=live_b & ~is_stop & (count < static.max_new))
+    fields, ends = _append_tokens(state, live_b, token_b, logprob_b, entropy_b, static)
+    return state.replace(**fields, live_b=live_b & ~ends)
 
 
 def _take_rows(x: jax.Array, rows_a: jax.Array, sizes: dict[int, int]) -> jax.Array:

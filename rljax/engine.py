@@ -41,6 +41,8 @@ FREE, LIVE, SCORING = "free", "live", "scoring"
 class SlotRolloutRunner(RolloutRunner):
     """Runs a batch of episodes to the end on `num_slots` decode slots (see the module doc)."""
 
+    refills_slots = True
+
     def __init__(self, sampler: Sampler, codec: DialogCodec, env: Env, pool: ExecutorPool, sampling: SamplingParams,
                  cache_capacity: int, num_slots: int, check_every: int = 16, decode_sizes: int = 4):
         super().__init__(sampler, codec, env, pool, sampling, cache_capacity)
@@ -179,9 +181,7 @@ class SlotRolloutRunner(RolloutRunner):
                                         np.zeros(width_a, np.int32))
         for a, ((b, _, _), u) in enumerate(zip(admissions, source)):
             slot_a[a], source_a[a], sequence_a[a] = b, u, owner[b]
-        vocab = self.sampler.model.config.vocab_size
-        if tokens.min() < 0 or tokens.max() >= vocab:
-            raise ValueError(f"rollout: token ids must be in [0, {vocab}), got [{tokens.min()}, {tokens.max()}]")
+        self.sampler.check_token_ids(tokens, "rollout")
         end = max((0 if new else int(rows["fill_b"][b])) + len(ids) for b, ids, new in admissions)
         window = attention_window(end, self.cache_capacity)
         arrays = (tokens, length, row_u, reset_u, slot_a, source_a, sequence_a)

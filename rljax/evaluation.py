@@ -22,7 +22,7 @@ from executor.pool import ExecutorPool
 from models.sampler import Sampler, SamplingParams
 from models.sharding import use_mesh
 from rljax import eval as estimators
-from rljax.engine import SlotRolloutRunner, rollout_runner
+from rljax.engine import rollout_runner
 from rljax.envs.base import ProblemError
 from rljax.problems import prompt_checked
 from rljax.rollout import Trajectory
@@ -154,7 +154,7 @@ class Evaluator:
         records: list[dict[str, Any]] = []
         started = time.perf_counter()
         bar = tqdm(total=len(episodes), desc="eval", disable=not progress, dynamic_ncols=True)
-        per_call = len(episodes) if isinstance(self.runner, SlotRolloutRunner) else e.batch_dialogs  # slots refill
+        per_call = len(episodes) if self.runner.refills_slots else e.batch_dialogs
         for start in range(0, len(episodes), per_call):
             chunk = episodes[start:start + per_call]
             names = [str(row.get("name") or row.get("instance_id")) for row, _ in chunk]

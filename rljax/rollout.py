@@ -86,6 +86,8 @@ class RolloutStats:
 class RolloutRunner:
     """Runs a batch of episodes to the end with a `Sampler`, a `DialogCodec` and an `ExecutorPool`."""
 
+    refills_slots = False  # True: one call takes any number of dialogs (a fixed set of slots, refilled)
+
     def __init__(self, sampler: Sampler, codec: DialogCodec, env: Env, pool: ExecutorPool, sampling: SamplingParams,
                  cache_capacity: int, num_chunks: int = 2):
         if num_chunks < 1:

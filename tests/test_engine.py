@@ -196,3 +196,18 @@ def test_slot_decode_computes_only_the_named_rows_and_writes_each_layer_cache_in
     assert sizes[(rows, "gather")] == 2 * layers  # each layer's K and V rows, read once per call
     assert sizes[(rows, "scatter")] == 2 * layers  # the loop's writes
     assert sizes[(full, "scatter")] == 2 * layers  # the new columns put back
+
+
+def test_a_decode_call_computes_the_live_slots_rounded_up_to_one_of_decode_sizes_batch_sizes():
+    """32 slots, decode_sizes 4: calls of 8, 16, 24 or 32 rows, the live slots first, padding past the batch (a
+    row index of 32, which the decode drops); with decode_sizes 1 every call computes 32 rows."""
+    import types
+
+    runner = types.SimpleNamespace(sampler=types.SimpleNamespace(_mesh_rules=None), decode_sizes=4)
+    rows = lambda live, slots=32: SlotRolloutRunner._decode_rows(runner, np.asarray(live), slots).tolist()  # noqa: E731
+    assert rows([5]) == [5] + [32] * 7
+    assert rows(list(range(3, 12))) == list(range(3, 12)) + [32] * 7
+    assert rows(list(range(32))) == list(range(32))
+    assert rows([0, 2], slots=3) == [0, 2]
+    runner.decode_sizes = 1
+    assert rows([5]) == [5] + [32] * 31

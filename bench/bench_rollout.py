@@ -96,7 +96,7 @@ def run_engine(name, runner, env, problems, dialogs, key):
             "tokens_per_s": sampled / seconds, "sampled": sampled, "turns": turns,
             "slot_use": (sampled - turns) / stats.decode_slot_steps if stats.decode_slot_steps else None,
             "executor_wait_s": stats.score_wait_s, "generate_s": stats.generate_s,
-            "decode_slot_steps": stats.decode_slot_steps, "decode_kv_slots_read": stats.decode_kv_slots_read,
+            "decode_steps": stats.decode_steps, "decode_slot_steps": stats.decode_slot_steps, "decode_kv_slots_read": stats.decode_kv_slots_read,
             "solved": sum(t.solved for t in trajectories), "context_full": stats.context_full}
 
 
@@ -154,9 +154,8 @@ def main() -> None:
         res["first_s"] = first["seconds"]
         print(f"{name}: first rollout (with compiles) {first['seconds']:.1f} s, second {res['seconds']:.1f} s",
               flush=True)
-        if res["decode_slot_steps"]:
-            steps = res["decode_slot_steps"] / args.dialogs
-            read = steps * weight_bytes + res["decode_kv_slots_read"] * kv_per_slot
+        if res["decode_steps"]:
+            read = res["decode_steps"] * weight_bytes + res["decode_kv_slots_read"] * kv_per_slot
             res["bandwidth_share"] = read / res["generate_s"] / (bandwidth * 1e9)
     pool.close()
     header = ("engine", "s", "dialogs/min", "tok/s", "answers", "slot use", "exec wait s", "BW share", "solved",

@@ -82,9 +82,10 @@ def _record(state: SlotState, live_b: jax.Array, token_b: jax.Array, logprob_b: 
     return state.replace(**fields, live_b=live_b & ~ends)
 
 
-def _take_rows(x: jax.Array, rows_a: jax.Array, sizes: dict[int, int]) -> jax.Array:
+def _take_rows(x: jax.Array, rows_a: jax.Array, sizes: dict[int, int] | None = None) -> jax.Array:
     """Rows `rows_a` of x (an index past the batch: the last row), only the first sizes[axis] entries of the
     axes named: one gather that reads just that (a slice before it would copy every row's part first)."""
+    sizes = sizes or {}
     slice_sizes = (1,) + tuple(sizes.get(axis, n) for axis, n in enumerate(x.shape) if axis)
     numbers = jax.lax.GatherDimensionNumbers(offset_dims=tuple(range(1, x.ndim)), collapsed_slice_dims=(0,),
                                              start_index_map=(0,))
@@ -139,8 +140,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
         history = history.replace(valid_bs=history.valid_bs & ~reset_u[:, None])
         h_utd, part = model.layers.with_row_cache(model.embed(tokens_ut), start_u[:, None] + offsets, columns,
                                                   history, layers)
-        rows = jnp.minimum(slot_a, state.fill_b.shape[0] - 1)
-        kept = state.cache.valid_bs[rows] & ~reset_u[source_a][:, None]  # what a new sequence's row held goes
+        kept = _take_rows(state.cache.valid_bs, slot_a) & ~reset_u[source_a][:, None]  # what a new sequence's row held goes
         cache = state.cache.replace(valid_bs=state.cache.valid_bs.at[slot_a].set(kept, mode="drop"))
         cache = _copy_columns(cache, part, source_a, slot_a, fill_u[source_a], length_u[source_a],
                               tokens_ut.shape[1])
@@ -179,9 +179,8 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slo
     are gathered once per call, and only the columns the loop wrote are put back."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
-        take = lambda x: jnp.take(x, rows_c, axis=0, mode="clip")  # noqa: E731
         rows = state.replace(cache=_rows_of(state.cache, rows_c, window),
-                             **{name: take(getattr(state, name)) for name in _ROW_FIELDS})
+                             **{name: _take_rows(getattr(state, name), rows_c) for name in _ROW_FIELDS})
         rows = rows.replace(live_b=rows.live_b & (rows_c < state.fill_b.shape[0]))
 
         def cond(carry: tuple[jax.Array, SlotState]) -> jax.Array:

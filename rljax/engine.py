@@ -71,6 +71,7 @@ class SlotRolloutRunner(RolloutRunner):
         weights = self.sampler._weights()
         temperature, top_p = self.sampler._scalars(self.sampling)
         static = self.sampler._static(self.sampling)
+        granule = self._decode_granule(slots)
         owner, phase = [-1] * slots, [FREE] * slots
         scoring: dict[int, cf.Future] = {}
         waiting = collections.deque(range(len(episodes)))
@@ -118,11 +119,12 @@ class SlotRolloutRunner(RolloutRunner):
             if live.any():
                 window = attention_window(min(int(rows["fill_b"][live].max()) + self.check_every,
                                               self.cache_capacity), self.cache_capacity)
-                rows_c = self._decode_rows(np.flatnonzero(live), slots)
+                rows_c = self._decode_rows(np.flatnonzero(live), slots, granule)
                 state = decode(*weights, state, jnp.asarray(rows_c), key, temperature, top_p, static=static,
                                mesh_rules=self.sampler._mesh_rules, window=window, steps=self.check_every)
                 before, rows = rows["count_b"], host_rows(state)
                 steps = int((rows["count_b"] - before)[live].max())
+                stats.decode_steps += steps
                 stats.decode_slot_steps += steps * len(rows_c)
                 stats.decode_kv_slots_read += steps * len(rows_c) * window
             stats.generate_s += time.perf_counter() - t0
@@ -140,15 +142,19 @@ class SlotRolloutRunner(RolloutRunner):
         stats.total_s = time.perf_counter() - started
         return trajectories, stats
 
-    def _decode_rows(self, live: np.ndarray, slots: int) -> np.ndarray:
-        """The slots one decode call computes: the live ones, padded (with `slots`, past the batch) to a multiple
-        of `slots / decode_sizes` (rounded up to the mesh's batch shards), so a run compiles at most
-        `decode_sizes` batch sizes per window."""
+    def _decode_granule(self, slots: int) -> int:
+        """Decode calls compute a multiple of this many rows: slots / decode_sizes, rounded up to the mesh's
+        batch shards, so a run compiles at most `decode_sizes` batch sizes per window."""
         shards = 1
         if self.sampler._mesh_rules is not None:
             mesh, rules = self.sampler._mesh_rules
             shards = slots // batch_sharding(mesh, 1, rules, batch_size=slots).shard_shape((slots,))[0]
-        granule = -(-max(1, -(-slots // self.decode_sizes)) // shards) * shards
+        return -(-max(1, -(-slots // self.decode_sizes)) // shards) * shards
+
+    @staticmethod
+    def _decode_rows(live: np.ndarray, slots: int, granule: int) -> np.ndarray:
+        """The slots one decode call computes: the live ones, padded (with `slots`, past the batch) to a multiple
+        of `granule`."""
         count = min(slots, -(-len(live) // granule) * granule)
         return np.concatenate([live, np.full(count - len(live), slots)]).astype(np.int32)
 

@@ -74,7 +74,8 @@ class RolloutStats:
     score_wait_s: float = 0.0  # main-thread time blocked on executor results: the devices wait on the hosts
     executor_errors: int = 0
     context_full: int = 0
-    decode_slot_steps: int = 0  # slots x decode steps run (the slots engine; a kept token fills one of them)
+    decode_steps: int = 0  # decode steps run (the slots engine)
+    decode_slot_steps: int = 0  # rows computed x decode steps (the slots engine; a kept token fills one of them)
     decode_kv_slots_read: int = 0  # cache slots the decode steps attended to, summed over slots and steps
 
     def add(self, other: "RolloutStats") -> None:

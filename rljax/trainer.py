@@ -393,7 +393,7 @@ def rollout_metrics(trajectories: list[Trajectory], stats: RolloutStats, max_tur
     out["rollout/executor_errors"] = stats.executor_errors
     out["rollout/context_full"] = stats.context_full
     out["rollout/dialogs"] = len(trajectories)
-    if stats.decode_slot_steps:  # the slots engine: decode slot-steps that sampled a kept token
+    if stats.decode_slot_steps:  # the slots engine: the share of computed decode rows x steps with a kept token
         decoded = sum(sum(t.sampled) for t in trajectories) - sum(len(t.finish_reasons) for t in trajectories)
         out["perf/decode_slot_use"] = decoded / stats.decode_slot_steps
     return out

@@ -204,7 +204,10 @@ def test_a_decode_call_computes_the_live_slots_rounded_up_to_one_of_decode_sizes
     import types
 
     runner = types.SimpleNamespace(sampler=types.SimpleNamespace(_mesh_rules=None), decode_sizes=4)
-    rows = lambda live, slots=32: SlotRolloutRunner._decode_rows(runner, np.asarray(live), slots).tolist()  # noqa: E731
+    def rows(live, slots=32):
+        return SlotRolloutRunner._decode_rows(np.asarray(live), slots,
+                                              SlotRolloutRunner._decode_granule(runner, slots)).tolist()
+
     assert rows([5]) == [5] + [32] * 7
     assert rows(list(range(3, 12))) == list(range(3, 12)) + [32] * 7
     assert rows(list(range(32))) == list(range(32))

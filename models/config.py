@@ -41,6 +41,7 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     max_position_embeddings: int = 8192
     tie_word_embeddings: bool = False
+    initializer_range: float = 0.02  # std of the normal init of a fresh model's weights (HF's name and default)
     dtype: str = "float32"  # activations / compute
     param_dtype: str = "float32"
     remat: str = "none"  # none | full | dots_saveable
@@ -54,6 +55,8 @@ class LlamaConfig:
         for name in positive:
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"LlamaConfig.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not self.initializer_range > 0:
+            raise ConfigError(f"LlamaConfig.initializer_range must be > 0, got {self.initializer_range!r}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"LlamaConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                               f"({self.num_kv_heads})")
@@ -107,6 +110,7 @@ class LlamaConfig:
             "rope_theta": self.rope_theta,
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
+            "initializer_range": self.initializer_range,
             "attention_bias": False,
             "mlp_bias": False,
             "torch_dtype": self.param_dtype,
@@ -149,6 +153,7 @@ class LlamaConfig:
                 rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(d.get("max_position_embeddings", 8192)),
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+                initializer_range=float(d.get("initializer_range", 0.02)),
             )
         except KeyError as missing:
             raise ConfigError(f"{source}: missing required field {missing}") from None

@@ -287,7 +287,7 @@ class DecoderStack(nnx.Module):
 
     def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
         self.config = config
-        init = nnx.initializers.normal(0.02)
+        init = nnx.initializers.normal(config.initializer_range)
         for name, (axes, shape_fn) in LAYER_PARAMS.items():
             shape = (config.num_layers,) + shape_fn(config)
             if name.endswith("norm_d"):
@@ -436,7 +436,7 @@ class Llama(nnx.Module):
 
     def __init__(self, config: LlamaConfig, *, rngs: nnx.Rngs):
         self.config = config
-        init = nnx.initializers.normal(0.02)
+        init = nnx.initializers.normal(config.initializer_range)
         d, v = config.hidden_size, config.vocab_size
         self.embed_vd = nnx.Param(init(rngs.params(), (v, d), config.param_dtype), axes=("vocab", "embed"))
         self.layers = DecoderStack(config, rngs=rngs)

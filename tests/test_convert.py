@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from flax import nnx
 from safetensors.numpy import load_file, save_file
 from transformers import LlamaForCausalLM
 
@@ -75,6 +76,19 @@ def test_transformers5_rope_parameters_and_classic_rope_scaling_both_read():
     classic = models.LlamaConfig.from_hf_dict(dict(base, rope_theta=500000.0, rope_scaling=scaling))
     new = models.LlamaConfig.from_hf_dict(dict(base, rope_parameters=dict(scaling, rope_theta=500000.0)))
     assert classic == new and classic.rope_theta == 500000.0 and classic.rope_scaling.factor == 8.0
+
+
+def test_initializer_range_is_read_written_and_sets_the_fresh_weights_std():
+    cfg = models.LlamaConfig.from_hf_dict(dict(model_type="llama", vocab_size=64, hidden_size=32,
+                                               intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                               num_key_value_heads=2, initializer_range=0.3))
+    assert cfg.initializer_range == 0.3 and cfg.to_hf_dict()["initializer_range"] == 0.3
+    model = models.Llama(cfg, rngs=nnx.Rngs(0))
+    for weight in (model.embed_vd[...], model.layers.q_dnh[...], model.layers.down_fd[...]):
+        assert abs(float(np.std(weight)) - 0.3) < 0.03
+    assert float(np.std(models.Llama(cfg.replace(initializer_range=0.02), rngs=nnx.Rngs(0)).embed_vd[...])) < 0.03
+    with pytest.raises(ConfigError, match="initializer_range must be > 0, got 0.0"):
+        cfg.replace(initializer_range=0.0)
 
 
 @pytest.mark.parametrize("preset,billions", [("llama3_1_8b", 8.03), ("llama3_8b", 8.03), ("llama3_1_70b", 70.55),

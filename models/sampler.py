@@ -48,7 +48,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from models.llama import KVCache, Llama
-from models.sharding import DEFAULT_RULES, Rules, batch_sharding, constrain, host_array, use_mesh
+from models.sharding import DEFAULT_RULES, Rules, batch_sharding, constrain, host_array, use_mesh, without_batch_axes
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = "eos", "stop", "length"
 _KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_length")  # KVCache.k_bkhs
@@ -237,6 +237,19 @@ def _per_layer(graphdef: nnx.GraphDef, params: nnx.State) -> Layers:
     return nnx.merge(graphdef, params).layers.per_layer()
 
 
+def _outside_layers(path: tuple[Any, ...]) -> bool:
+    return not (path and getattr(path[0], "key", None) == "layers")
+
+
+def sampling_shardings(params: Any, layers: Any, rules: Rules) -> tuple[Any, Any]:
+    """The shardings a sampler reads its weights with when they are replicated over the batch axes: the
+    per-layer copies and the parameters outside the layer stacks (embedding, final norm, head) without their
+    data/fsdp split (`without_batch_axes`); the layer stacks as they are (the cached passes read the copies)."""
+    params_out = jax.tree_util.tree_map_with_path(
+        lambda path, x: without_batch_axes(x.sharding, rules) if _outside_layers(path) else x.sharding, params)
+    return params_out, jax.tree.map(lambda x: without_batch_axes(x.sharding, rules), layers)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window", "fresh"),
                    donate_argnames=("cache",))
 def _prefill(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, cache: KVCache, tokens_ut: jax.Array,
@@ -368,12 +381,19 @@ class Sampler:
     The model is read at each call (so a policy updated in place by the trainer is used as is). With a
     mesh, the batch is sharded over the data/fsdp axes and the cache like the activations; the model's
     parameters should already be placed with `shard_model`.
+
+    replicate_weights (with a mesh): each call first copies the decoder weights and the head whole onto every
+    data/fsdp shard (split over tensor only). A decode step of a few rows per chip then reads its local copy;
+    with the training layout (the embed axis split over fsdp) XLA gathers every weight over the mesh on every
+    step (measured with the TPU compiler: an all-gather per weight per step). It costs one full copy of the
+    weights per tensor shard during the rollout (`rljax plan` counts it); False keeps the training layout.
     """
 
     def __init__(self, model: Llama, tokenizer: Any = None, *, mesh: Mesh | None = None,
                  rules: Rules = DEFAULT_RULES, cache_dtype: Any = None, length_bucket: int = 64,
-                 pad_id: int = 0):
+                 pad_id: int = 0, replicate_weights: bool = True):
         self.model = model
+        self.replicate_weights = replicate_weights
         self.tokenizer = tokenizer
         self.cache_dtype = cache_dtype or model.config.dtype
         self.length_bucket = length_bucket
@@ -464,7 +484,10 @@ class Sampler:
         """The model read now: graph, parameters and the per-layer weight copies the cached passes read (made
         once per generate/extend call, so the decode loop slices nothing)."""
         graphdef, params = nnx.split(self.model)
-        return graphdef, params, _per_layer(graphdef, params)
+        layers = _per_layer(graphdef, params)
+        if self._mesh_rules is not None and self.replicate_weights:
+            params, layers = jax.device_put((params, layers), sampling_shardings(params, layers, self._mesh_rules[1]))
+        return graphdef, params, layers
 
     def _prefill(self, weights: _Weights, cache: KVCache, segments: list[list[int]], width: int,
                  start_positions: np.ndarray, active: list[bool], last: np.ndarray, sampling: SamplingParams,

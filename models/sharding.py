@@ -126,6 +126,19 @@ def batch_sharding(mesh: Mesh, ndim: int, rules: Rules = DEFAULT_RULES, batch_si
     return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), shape, mesh, rules))
 
 
+def without_batch_axes(sharding: NamedSharding, rules: Rules = DEFAULT_RULES) -> NamedSharding:
+    """`sharding` with the mesh axes of the "batch" rule (data, fsdp) dropped from its spec: each data/fsdp
+    shard holds the whole array, still split over the other axes (tensor)."""
+    batch = dict(rules).get("batch")
+    drop = {batch} if isinstance(batch, str) else set(batch or ())
+
+    def kept(entry: Any) -> Any:
+        names = tuple(n for n in ((entry,) if isinstance(entry, str) else tuple(entry or ())) if n not in drop)
+        return None if not names else names[0] if len(names) == 1 else names
+
+    return NamedSharding(sharding.mesh, PartitionSpec(*(kept(e) for e in sharding.spec)))
+
+
 def host_array(x: Any) -> np.ndarray:
     """The whole value of `x` as numpy on this host, gathering the shards other processes hold if needed."""
     if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:

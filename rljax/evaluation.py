@@ -137,7 +137,7 @@ class Evaluator:
                                                                    self.sampling.max_new_tokens))
         pad_id = tokenizer.pad_id if tokenizer is not None else int(self.codec.stop_ids[0])
         self.sampler = Sampler(policy, tokenizer, mesh=mesh, length_bucket=config.rollout.length_bucket,
-                               pad_id=pad_id)
+                               pad_id=pad_id, replicate_weights=config.rollout.replicate_weights)
         self._own_pool = pool is None
         self.pool = pool or ExecutorPool(config.rollout.executor_workers or None)
         self.runner = rollout_runner(config, self.sampler, self.codec, self.env, self.pool, self.sampling,

@@ -5,7 +5,8 @@ is weighted 0), and for PPO the value model (params + moments). With LoRA (`mode
 adapters and AdamW moments of the adapters only; no reference copy (the reference is the base with the adapters
 off); a PPO value model that shares the base and adds its own adapters and head. On top of that, at different
 times:
-- rollout: the sampler's per-layer copies of the decoder weights, the KV cache of every dialog of the step (each
+- rollout: the sampler's per-layer copies of the decoder weights (with `rollout.replicate_weights`, whole on
+  every data/fsdp shard, with a copy of the head), the KV cache of every dialog of the step (each
   rollout chunk keeps its cache between turns) and the prefill's attention scores for one chunk;
 - update: the gradients (plus an accumulator with several micro-batches), the training batch, the activations
   one micro-batch keeps for the backward pass under the model's remat policy, and one chunk of the chunked
@@ -184,9 +185,13 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
         if ppo:  # the value model's own adapters and head on the policy's frozen base arrays
             comp.update({"value params": value_trained, "value AdamW moments": value_moments * value_trained})
 
-    # the sampler reads per-layer copies of the decoder weights (LoRA merged in), made once per rollout call
-    layers = _shard_bytes(nnx.state(abstract_policy.layers), sizes)
-    comp["sampler per-layer weights"] = layers
+    # the sampler reads per-layer copies of the decoder weights (LoRA merged in), made once per rollout call;
+    # with rollout.replicate_weights they and a copy of the head are whole on every data/fsdp shard
+    if r.replicate_weights:
+        comp["sampler per-layer weights"] = _shard_bytes(nnx.state(abstract_policy),
+                                                         dict(sizes, data=1, fsdp=1))
+    else:
+        comp["sampler per-layer weights"] = _shard_bytes(nnx.state(abstract_policy.layers), sizes)
     a = _itemsize(arch.dtype)
     kv_dev = _split(arch.num_kv_heads, tensor)
     slots = r.engine == "slots"  # one cache of `slots` rows (rljax.engine), else one row per dialog

@@ -53,7 +53,10 @@ def base_config() -> ConfigDict:
         # engine: chunks (rljax.rollout: the batch in num_chunks lockstep chunks) | slots (rljax.engine: every live
         # dialog in one decode batch of `slots` slots, 0 = all dialogs, refilled as turns end; one process only;
         # a decode call computes only the live slots, rounded up to one of `decode_sizes` batch sizes)
-        "engine": "chunks", "slots": 0, "check_every": 16, "decode_sizes": 4})
+        "engine": "chunks", "slots": 0, "check_every": 16, "decode_sizes": 4,
+        # replicate_weights: each rollout call copies the weights whole onto every data/fsdp shard (split over
+        # tensor only), so decode steps read local weights instead of gathering them over the mesh every step
+        "replicate_weights": True})
     # policy-optimisation variants (README "Variants"; the defaults are the papers' settings):
     # clip_eps_high (0 = clip_eps) and dual_clip (0 = off) on the ratio; ratio_level token | sequence (GSPO);
     # group_baseline group_mean | leave_one_out (RLOO); scale_by_std False + aggregation constant_length is

@@ -136,7 +136,7 @@ def _abstract_model(model_fn: Callable[[], nnx.Module], mesh: Any) -> nnx.Module
 
 def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpec, Any]:
     """Compile the run's programs for `topology`; (phases, chip figures, mesh). Raises TpuCompileError."""
-    from models.sampler import _Static, _per_layer
+    from models.sampler import _Static, _per_layer, sampling_shardings
     from rljax.learner import Learner, TrainState, split_trainable
     from rljax.plan import train_batch_shapes
     from rljax.run_config import lora_config, loss_config, model_architecture, optim_config
@@ -188,8 +188,13 @@ def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpe
                     learner.value_state, learner.value_frozen, batch).compile()))
             graphdef, params = nnx.split(learner.policy_model())
             copy = jax.jit(_per_layer, static_argnames=("graphdef",)).lower(graphdef, params).compile()
-            phases.append(_phase("sampler per-layer weights", copy))
             layers = _sharded(jax.eval_shape(lambda p: _per_layer(graphdef, p), params), copy.output_shardings)
+            if r.replicate_weights:  # as the Sampler places them: the copies and the head whole per data/fsdp shard
+                params_in, layers_in = sampling_shardings(params, layers, DEFAULT_RULES)
+                copy = jax.jit(_per_layer, static_argnames=("graphdef",), out_shardings=layers_in
+                               ).lower(graphdef, params).compile()
+                params, layers = _sharded(params, params_in), _sharded(layers, layers_in)
+            phases.append(_phase("sampler per-layer weights", copy))
             width = min(r.cache_capacity - r.max_new_tokens, 2048)
             rows = lambda shape, dtype: jax.ShapeDtypeStruct(  # noqa: E731
                 shape, dtype, sharding=batch_sharding(mesh, len(shape), batch_size=shape[0]))
@@ -334,7 +339,8 @@ def compile_report(config: ConfigDict, topology: str) -> CompileReport:
         arch.dtype).itemsize
     return CompileReport(topology, libtpu_topology(topology)[0], chip, dict(mesh.shape), phases, planned, peak,
                          plan.topology.hbm_bytes, tokens, 6.0 * arch_params * tokens, update_flops / mesh.size,
-                         chunk, (c["policy params"] * 1.0 + kv_bytes / mesh.size))
+                         chunk, (c["sampler per-layer weights" if r.replicate_weights else "policy params"] * 1.0
+                                 + kv_bytes / mesh.size))
 
 
 def format_report(report: CompileReport) -> str:

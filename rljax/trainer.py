@@ -83,7 +83,8 @@ class Trainer:
         pad_id = self.tokenizer.pad_id if self.tokenizer is not None else int(self.codec.stop_ids[0])
         self.pad_id = pad_id
         self.sampler = Sampler(self.learner.policy_model(), self.tokenizer, mesh=self.mesh,
-                               length_bucket=r.length_bucket, pad_id=pad_id)
+                               length_bucket=r.length_bucket, pad_id=pad_id,
+                               replicate_weights=r.replicate_weights)
         batch = r.problems_per_step * r.samples_per_problem
         self.pool = ExecutorPool(r.executor_workers or None, max_pending=2 * batch + 8)
         self.rollouts = rollout_runner(config, self.sampler, self.codec, self.env, self.pool, self.sampling, batch)

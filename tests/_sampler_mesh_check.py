@@ -1,7 +1,10 @@
 """Run under XLA_FLAGS=--xla_force_host_platform_device_count=8: greedy tokens on 1 device vs a data=2 x fsdp=2 x
-tensor=2 mesh, for a first turn and a continuation from the cache, and for decode slots (models.slots) admitted
-at different times."""
+tensor=2 mesh, for a first turn and a continuation from the cache (with the sampler's weights replicated over
+data/fsdp, and in the training layout), and for decode slots (models.slots) admitted at different times; the
+weight-sized all-gathers in the compiled decode loop of each layout."""
 import json
+import math
+import re
 import sys
 
 import jax
@@ -12,7 +15,7 @@ import jax.numpy as jnp
 
 from models import KVCache, Llama, LlamaConfig, make_mesh, shard_model
 from models import slots
-from models.sampler import Sampler, SamplingParams
+from models.sampler import Sampler, SamplingParams, _decode
 
 
 def run(sampler, prompts):
@@ -49,6 +52,20 @@ def run_slots(sampler, prompts):
     return [np.asarray(state.tokens_bn)[b, :rows["count_b"][b]].tolist() for b in range(8)]
 
 
+def decode_weight_gathers(sampler, state) -> int:
+    """All-gathers of at least 1024 elements (the tiny model's smallest weight, [64, 16]) in the compiled decode
+    loop of `state`: a weight split over fsdp is gathered on every step. The loop's per-row bookkeeping (done
+    flags, counts: [8] and [8, 2]) is gathered in both layouts."""
+    weights = sampler._weights()
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
+    text = _decode.lower(*weights, abstract, jnp.int32(12), jax.random.key(0), jnp.float32(1.0), jnp.float32(1.0),
+                         static=sampler._static(sampling), mesh_rules=sampler._mesh_rules, window=128
+                         ).compile().as_text()
+    shapes = re.findall(r"= [a-z0-9]+\[([0-9,]*)\][^=]* all-gather(?:-start)?\(", text)
+    return sum(math.prod(int(d) for d in shape.split(",") if d) >= 1024 for shape in shapes)
+
+
 def main() -> None:
     assert jax.device_count() == 8, jax.device_count()
     cfg = LlamaConfig.preset("tiny")
@@ -58,9 +75,14 @@ def main() -> None:
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     sharded_model = shard_model(Llama(cfg, rngs=nnx.Rngs(0)), mesh)
     sharded, sharded_more, state = run(Sampler(sharded_model, mesh=mesh), prompts)
+    training_layout = Sampler(sharded_model, mesh=mesh, replicate_weights=False)
+    gathered, gathered_more, _ = run(training_layout, prompts)
     print(json.dumps({"devices": jax.device_count(), "cache_devices": len(state.cache.k_bkhs[0].sharding.device_set),
                       "cache_spec": str(state.cache.k_bkhs[0].sharding.spec), "single": single, "sharded": sharded,
                       "single_continued": single_more, "sharded_continued": sharded_more,
+                      "gathered": gathered, "gathered_continued": gathered_more,
+                      "decode_weight_gathers": decode_weight_gathers(Sampler(sharded_model, mesh=mesh), state),
+                      "decode_weight_gathers_training_layout": decode_weight_gathers(training_layout, state),
                       "single_slots": run_slots(Sampler(Llama(cfg, rngs=nnx.Rngs(0))), prompts),
                       "sharded_slots": run_slots(Sampler(sharded_model, mesh=mesh), prompts)}))
 

@@ -316,4 +316,8 @@ def test_eight_device_mesh_gives_the_same_greedy_tokens():
     assert result["devices"] == 8 and result["cache_devices"] == 8
     assert result["single"] == result["sharded"]
     assert result["single_continued"] == result["sharded_continued"]
+    assert result["single"] == result["gathered"] and result["single_continued"] == result["gathered_continued"]
+    # the sampler's weights whole on each data/fsdp shard: the decode loop gathers none of them per step (the
+    # training layout splits every weight's embed axis over fsdp, and XLA gathers each one)
+    assert result["decode_weight_gathers"] == 0 < result["decode_weight_gathers_training_layout"], result
     assert result["single_slots"] == result["sharded_slots"] == result["single"]  # slots admitted at two times

@@ -188,13 +188,11 @@ def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpe
                     learner.value_state, learner.value_frozen, batch).compile()))
             graphdef, params = nnx.split(learner.policy_model())
             copy = jax.jit(_per_layer, static_argnames=("graphdef",)).lower(graphdef, params).compile()
-            layers = _sharded(jax.eval_shape(lambda p: _per_layer(graphdef, p), params), copy.output_shardings)
-            if r.replicate_weights:  # as the Sampler places them: the copies and the head whole per data/fsdp shard
-                params_in, layers_in = sampling_shardings(params, layers, DEFAULT_RULES)
-                copy = jax.jit(_per_layer, static_argnames=("graphdef",), out_shardings=layers_in
-                               ).lower(graphdef, params).compile()
-                params, layers = _sharded(params, params_in), _sharded(layers, layers_in)
             phases.append(_phase("sampler per-layer weights", copy))
+            layers = _sharded(jax.eval_shape(lambda p: _per_layer(graphdef, p), params), copy.output_shardings)
+            if r.replicate_weights:  # then the Sampler reshards the copies and the head, array by array, whole
+                params_in, layers_in = sampling_shardings(params, layers, DEFAULT_RULES)  # onto each data/fsdp shard
+                params, layers = _sharded(params, params_in), _sharded(layers, layers_in)
             width = min(r.cache_capacity - r.max_new_tokens, 2048)
             rows = lambda shape, dtype: jax.ShapeDtypeStruct(  # noqa: E731
                 shape, dtype, sharding=batch_sharding(mesh, len(shape), batch_size=shape[0]))

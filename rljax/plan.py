@@ -223,6 +223,8 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
         f"{dialogs} dialogs per step, cache {r.cache_capacity} tokens each, "
         + (f"{cache_rows} rollout slots" if slots else f"{r.num_chunks} rollout chunks"),
         f"prefill of {width} new tokens against the full cache",
+        "sampler weights " + ("replicated over data/fsdp (rollout.replicate_weights)" if r.replicate_weights
+                              else "in the training layout (gathered per decode step)"),
         f"update: {config.train.micro_batches} micro-batches of {dialogs // config.train.micro_batches} dialogs "
         f"at the full {length}-token context, remat={arch.remat}, params {arch.param_dtype}, compute {arch.dtype}",
         f"fits when the peak is at most {FIT_FRACTION:.0%} of {topology.hbm_bytes / GIB:g} GiB"]

@@ -38,6 +38,14 @@ def test_parameter_and_cache_shards_are_exact():
     # every matrix splits 32 ways over fsdp; only the norm vectors stay replicated
     replicated = (arch.num_layers * 2 + 1) * arch.hidden_size * 2
     assert sharded.components["policy params"] == (count * 2 - replicated) // 32 + replicated
+    # the sampler's weights: whole on every fsdp shard (the per-layer copies and the head), or the layer stacks'
+    # training-layout shard without rollout.replicate_weights
+    assert sharded.components["sampler per-layer weights"] == count * 2
+    config.rollout.replicate_weights = False
+    layers = count - arch.vocab_size * arch.hidden_size * 2 - arch.hidden_size
+    layer_norms = arch.num_layers * 2 * arch.hidden_size
+    assert plan_memory(config, parse_topology("v5p-64")).components["sampler per-layer weights"] == (
+        (layers - layer_norms) * 2 // 32 + layer_norms * 2)
     tiny = rlef_tiny.get_config()
     cache = jax.eval_shape(lambda: KVCache.init(model_architecture(tiny.model), 32, 128))
     cache_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(cache) if x.ndim)  # not the index

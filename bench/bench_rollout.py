@@ -96,7 +96,8 @@ def run_engine(name, runner, env, problems, dialogs, key):
             "tokens_per_s": sampled / seconds, "sampled": sampled, "turns": turns,
             "slot_use": (sampled - turns) / stats.decode_slot_steps if stats.decode_slot_steps else None,
             "executor_wait_s": stats.score_wait_s, "generate_s": stats.generate_s,
-            "decode_steps": stats.decode_steps, "decode_slot_steps": stats.decode_slot_steps, "decode_kv_slots_read": stats.decode_kv_slots_read,
+            "decode_steps": stats.decode_steps, "decode_slot_steps": stats.decode_slot_steps,
+            "decode_kv_slots_read": stats.decode_kv_slots_read,
             "solved": sum(t.solved for t in trajectories), "context_full": stats.context_full}
 
 

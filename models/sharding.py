@@ -59,6 +59,11 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
     return Mesh(np.asarray(devices).reshape(mesh_shape(data, fsdp, tensor, len(devices))), MESH_AXES)
 
 
+def mesh_axes_of(entry: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The mesh axis names of a rule's target or a PartitionSpec entry: None, one name, or a tuple of names."""
+    return (entry,) if isinstance(entry, str) else tuple(entry or ())
+
+
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules: Rules = DEFAULT_RULES
                     ) -> PartitionSpec:
     """PartitionSpec for an array with logical `axes`; a dim the mesh axes do not divide stays replicated."""
@@ -67,8 +72,7 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh
     spec: list[Any] = []
     for name, dim in zip(axes, shape):
         target = table.get(name) if name is not None else None
-        names = (target,) if isinstance(target, str) else tuple(target or ())
-        names = tuple(n for n in names if n not in used and mesh.shape[n] > 1)
+        names = tuple(n for n in mesh_axes_of(target) if n not in used and mesh.shape[n] > 1)
         if names and dim % math.prod(mesh.shape[n] for n in names) == 0:
             used.update(names)
             spec.append(names[0] if len(names) == 1 else names)
@@ -129,11 +133,10 @@ def batch_sharding(mesh: Mesh, ndim: int, rules: Rules = DEFAULT_RULES, batch_si
 def without_batch_axes(sharding: NamedSharding, rules: Rules = DEFAULT_RULES) -> NamedSharding:
     """`sharding` with the mesh axes of the "batch" rule (data, fsdp) dropped from its spec: each data/fsdp
     shard holds the whole array, still split over the other axes (tensor)."""
-    batch = dict(rules).get("batch")
-    drop = {batch} if isinstance(batch, str) else set(batch or ())
+    drop = set(mesh_axes_of(dict(rules).get("batch")))
 
     def kept(entry: Any) -> Any:
-        names = tuple(n for n in ((entry,) if isinstance(entry, str) else tuple(entry or ())) if n not in drop)
+        names = tuple(n for n in mesh_axes_of(entry) if n not in drop)
         return None if not names else names[0] if len(names) == 1 else names
 
     return NamedSharding(sharding.mesh, PartitionSpec(*(kept(e) for e in sharding.spec)))

@@ -140,7 +140,8 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
         history = history.replace(valid_bs=history.valid_bs & ~reset_u[:, None])
         h_utd, part = model.layers.with_row_cache(model.embed(tokens_ut), start_u[:, None] + offsets, columns,
                                                   history, layers)
-        kept = _take_rows(state.cache.valid_bs, slot_a) & ~reset_u[source_a][:, None]  # what a new sequence's row held goes
+        # what a new sequence's row held goes
+        kept = _take_rows(state.cache.valid_bs, slot_a) & ~reset_u[source_a][:, None]
         cache = state.cache.replace(valid_bs=state.cache.valid_bs.at[slot_a].set(kept, mode="drop"))
         cache = _copy_columns(cache, part, source_a, slot_a, fill_u[source_a], length_u[source_a],
                               tokens_ut.shape[1])

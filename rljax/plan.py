@@ -31,7 +31,7 @@ from ml_collections import ConfigDict
 from models.config import LlamaConfig
 from models.llama import Llama, LlamaValueModel, query_block_count
 from models.lora import LoraParam
-from models.sharding import DEFAULT_RULES, MESH_AXES, is_variable, logical_to_spec, mesh_shape
+from models.sharding import DEFAULT_RULES, MESH_AXES, is_variable, logical_to_spec, mesh_axes_of, mesh_shape
 from rljax.run_config import lora_config, loss_config, model_architecture, optim_config
 
 GIB = 2**30
@@ -84,13 +84,9 @@ def _shard_bytes(state: Any, sizes: dict[str, int]) -> int:
         value = var.get_value()
         axes = var.get_metadata().get("axes") or (None,) * len(value.shape)
         spec = logical_to_spec(axes, value.shape, mesh, DEFAULT_RULES)
-        shard = [dim // math.prod(sizes[a] for a in _names(entry)) for dim, entry in zip(value.shape, spec)]
+        shard = [dim // math.prod(sizes[a] for a in mesh_axes_of(entry)) for dim, entry in zip(value.shape, spec)]
         total += math.prod(shard) * value.dtype.itemsize
     return total
-
-
-def _names(entry: Any) -> tuple[str, ...]:
-    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def _split(n: int, ways: int) -> int:

@@ -190,8 +190,10 @@ def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpe
             copy = jax.jit(_per_layer, static_argnames=("graphdef",)).lower(graphdef, params).compile()
             phases.append(_phase("sampler per-layer weights", copy))
             layers = _sharded(jax.eval_shape(lambda p: _per_layer(graphdef, p), params), copy.output_shardings)
-            if r.replicate_weights:  # then the Sampler reshards the copies and the head, array by array, whole
-                params_in, layers_in = sampling_shardings(params, layers, DEFAULT_RULES)  # onto each data/fsdp shard
+            # with replicate_weights the Sampler then reshards the copies and the head (array by array) whole
+            # onto each data/fsdp shard: the prefill and decode read them so
+            if r.replicate_weights:
+                params_in, layers_in = sampling_shardings(params, layers, DEFAULT_RULES)
                 params, layers = _sharded(params, params_in), _sharded(layers, layers_in)
             width = min(r.cache_capacity - r.max_new_tokens, 2048)
             rows = lambda shape, dtype: jax.ShapeDtypeStruct(  # noqa: E731

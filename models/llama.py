@@ -183,13 +183,21 @@ def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: j
 
 def _attend_cache(q_btnh: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array, allowed_bts: jax.Array) -> jax.Array:
     """T queries per row against a cache buffer ([B, K, H, S] keys, [B, K, S, H] values); `allowed_bts` marks
-    the slots each query may see. Returns [B, T, N, H]."""
+    the slots each query may see. Returns [B, T, N, H].
+
+    With one query per row (decode) the scores are an elementwise multiply summed over H rather than a batched
+    matmul of [G, H] x [H, S] per (row, kv head): XLA:CPU runs the first as one fused pass over the keys, the
+    second as many tiny matmuls (30 SmolLM2 layers, 32 rows, 512 columns: 36 ms against 52; reading the keys
+    and values alone takes 24)."""
     dt = q_btnh.dtype
     b, t, n, h = q_btnh.shape
     kv = k_bkhs.shape[1]
     g = n // kv
     q_bkqh = q_btnh.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
-    scores = jnp.einsum("bkqh,bkhs->bkqs", q_bkqh, k_bkhs.astype(dt), preferred_element_type=jnp.float32)
+    if t == 1:
+        scores = jnp.sum(q_bkqh.astype(jnp.float32)[..., None] * k_bkhs.astype(jnp.float32)[:, :, None], axis=3)
+    else:
+        scores = jnp.einsum("bkqh,bkhs->bkqs", q_bkqh, k_bkhs.astype(dt), preferred_element_type=jnp.float32)
     scores = jnp.where(allowed_bts[:, None, None], scores.reshape(b, kv, g, t, -1) * h ** -0.5, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt).reshape(b, kv, g * t, -1)
     out_bkqh = jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh.astype(dt))

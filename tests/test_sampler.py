@@ -196,6 +196,22 @@ def test_decode_step_copies_no_weight_stack_and_no_cache_buffer(tiny):
     assert len(re.findall(r"dynamic-update-slice", body)) >= 2 * tiny.config.num_layers  # in place, per layer
 
 
+def test_the_draw_and_argmax_equal_jax_random_categorical_and_jnp_argmax_exactly():
+    """The sampler's Gumbel-max draw (`first_argmax` instead of jnp.argmax's slow reduction on CPU) picks what
+    jax.random.categorical picks for the same key, and first_argmax breaks ties at the first index."""
+    from models.sampler import _categorical, first_argmax
+
+    key = jax.random.key(3)
+    logits = jax.random.normal(key, (64, 4099)) * 3
+    logits = logits.at[:, ::7].set(-jnp.inf)  # masked tokens, as top-p leaves them
+    for i in range(20):
+        k = jax.random.fold_in(key, i)
+        np.testing.assert_array_equal(_categorical(k, logits), jax.random.categorical(k, logits, axis=-1))
+    ties = jnp.array([[1.0, 3.0, 3.0, -jnp.inf], [-jnp.inf, 0.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
+    np.testing.assert_array_equal(first_argmax(ties), jnp.argmax(ties, axis=-1))
+    np.testing.assert_array_equal(first_argmax(logits), jnp.argmax(logits, axis=-1))
+
+
 def test_top_k_one_is_greedy(tiny):
     prompts = _prompts(3, (5, 8), 512)
     greedy = Sampler(tiny).generate(prompts, SamplingParams(max_new_tokens=10, temperature=0.0), jax.random.key(0))

@@ -48,7 +48,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from models.llama import KVCache, Llama
-from models.sharding import DEFAULT_RULES, Rules, batch_sharding, constrain, host_array, use_mesh, without_batch_axes
+from models.sharding import (DEFAULT_RULES, Rules, batch_sharding, cache_sharding, constrain, host_array, use_mesh,
+                             without_batch_axes)
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = "eos", "stop", "length"
 _KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_length")  # KVCache.k_bkhs
@@ -438,7 +439,7 @@ class Sampler:
         if needed > max_pos:
             raise ValueError(f"Sampler.generate: {needed} positions exceed the model's "
                              f"max_position_embeddings ({max_pos})")
-        cache = self._place(KVCache.init(self.model.config, len(prompts), capacity, self.cache_dtype))
+        cache = self.place_cache(KVCache.init(self.model.config, len(prompts), capacity, self.cache_dtype))
         start = np.zeros(len(prompts), np.int32)
         weights = self._weights()
         state = self._prefill(weights, cache, prompts, width, start, [True] * len(prompts),
@@ -481,6 +482,14 @@ class Sampler:
         mesh, rules = self._mesh_rules
         return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, x.ndim, rules, x.shape[0]))
                             if x.ndim else x, tree)
+
+    def place_cache(self, cache: KVCache) -> KVCache:
+        """`cache` on the mesh as the attention reads it (`models.sharding.cache_sharding`: rows over data/fsdp,
+        kv heads over tensor), so a program that takes it donated can write its output over it."""
+        if self._mesh_rules is None:
+            return cache
+        mesh, rules = self._mesh_rules
+        return jax.tree.map(lambda x: jax.device_put(x, cache_sharding(mesh, x.shape, rules)) if x.ndim else x, cache)
 
     def _static(self, sampling: SamplingParams) -> _Static:
         return _Static(greedy=sampling.greedy, top_k=0 if sampling.greedy else sampling.top_k,

@@ -66,7 +66,8 @@ class SlotRolloutRunner(RolloutRunner):
         trajectories = [Trajectory(name, group) for name, group in zip(names, groups)]
         model = self.sampler.model
         slots = min(self.num_slots, len(episodes))
-        cache = self.sampler._place(KVCache.init(model.config, slots, self.cache_capacity, self.sampler.cache_dtype))
+        cache = self.sampler.place_cache(KVCache.init(model.config, slots, self.cache_capacity,
+                                                      self.sampler.cache_dtype))
         state = SlotState.init(cache, self.sampling.max_new_tokens)
         weights = self.sampler._weights()
         temperature, top_p = self.sampler._scalars(self.sampling)

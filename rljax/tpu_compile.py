@@ -16,8 +16,12 @@ upper bounds on tokens/s and MFU), not a measurement.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import importlib.util
 import math
+import os
+import re
+import tempfile
 from typing import Any, Callable
 
 import jax
@@ -28,7 +32,8 @@ from ml_collections import ConfigDict
 
 from models.llama import KVCache, Llama, LlamaValueModel
 from models.lora import add_lora
-from models.sharding import DEFAULT_RULES, batch_sharding, is_variable, make_mesh, state_shardings, use_mesh
+from models.sharding import (DEFAULT_RULES, batch_sharding, cache_sharding, is_variable, make_mesh, state_shardings,
+                             use_mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,31 +98,60 @@ def _first_line(err: Exception) -> str:
 
 @dataclasses.dataclass
 class Phase:
+    """One compiled program's figures per chip. `temporaries` is the HBM heap of its buffer assignment (see
+    `_compile`); libtpu's `temp_size_in_bytes` is kept as `temp_reported`, and used only where no buffer
+    assignment was dumped."""
     name: str
     arguments: int  # bytes per chip
     outputs: int
     aliased: int
     temporaries: int
+    temp_reported: int
     flops: float  # per chip
     bytes_accessed: float
 
     @property
     def total(self) -> int:
         """Bytes the program needs at once on a chip: its arguments, outputs not written over a donated
-        argument, and its temporaries."""
+        argument, and its heap of temporaries."""
         return self.arguments + self.outputs - self.aliased + self.temporaries
 
     def roofline_s(self, chip: ChipSpec) -> float:
         return max(self.flops / chip.peak_bf16_flops, self.bytes_accessed / chip.hbm_bytes_per_s)
 
 
-def _phase(name: str, compiled: Any) -> Phase:
-    memory = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
+_HEAP = re.compile(r"^allocation \d+: size (\d+), preallocated-temp:", re.MULTILINE)  # no color: HBM
+
+
+@dataclasses.dataclass(frozen=True)
+class _Program:
+    compiled: Any
+    heap: int | None  # HBM bytes of the buffer assignment's preallocated temporaries; None if not dumped
+
+
+def _compile(lowered: Any) -> _Program:
+    """Compile with the buffer assignment dumped to a scratch folder, and read the HBM heap of temporaries
+    that the runtime reserves for the program (its `preallocated-temp` allocation in the default memory space).
+
+    That heap, not libtpu's `memory_analysis().temp_size_in_bytes`, is the program's temporary memory: set
+    beside the dump, temp_size_in_bytes is larger on every update program (rlef_llama3_1_8b on v5p-64: 15.07 GiB
+    against an 11.67 GiB heap; the aligned tiny config on v5e-4: 172.3 MB against 153.0 MB) and 0 for a prefill
+    whose heap is 1.4 MB, and its `peak_memory_in_bytes` also counts values held in on-chip VMEM."""
+    with tempfile.TemporaryDirectory(prefix="rljax-tpu-dump-") as folder:
+        compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
+        reports = glob.glob(os.path.join(folder, "*after_optimizations-buffer-assignment.txt"))
+        heaps = [sum(int(size) for size in _HEAP.findall(open(path).read())) for path in reports]
+    return _Program(compiled, sum(heaps) if heaps else None)
+
+
+def _phase(name: str, program: _Program) -> Phase:
+    memory = program.compiled.memory_analysis()
+    cost = program.compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    reported = int(memory.temp_size_in_bytes)
     return Phase(name, int(memory.argument_size_in_bytes), int(memory.output_size_in_bytes),
-                 int(memory.alias_size_in_bytes), int(memory.temp_size_in_bytes), float(cost.get("flops", 0.0)),
-                 float(cost.get("bytes accessed", 0.0)))
+                 int(memory.alias_size_in_bytes), reported if program.heap is None else program.heap, reported,
+                 float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)))
 
 
 def _sharded(tree: Any, shardings: Any) -> Any:
@@ -178,18 +212,19 @@ def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpe
             # the learner's own abstract states come from eval_shape, without shardings: rebuild them from the
             # sharded models' trainable parts
             learner.policy_state = state_of(split_trainable(policy)[2], learner.policy_tx)
-            phases.append(_phase("policy update", learner._update_policy.lower(
-                learner.policy_state, learner.policy_frozen, batch).compile()))
-            phases.append(_phase("scoring pass", learner._score.lower(
-                learner.policy_state.params, learner.policy_frozen, batch).compile()))
+            phases.append(_phase("policy update", _compile(learner._update_policy.lower(
+                learner.policy_state, learner.policy_frozen, batch))))
+            phases.append(_phase("scoring pass", _compile(learner._score.lower(
+                learner.policy_state.params, learner.policy_frozen, batch))))
             if ppo:
                 learner.value_state = state_of(split_trainable(value)[2], learner.value_tx)
-                phases.append(_phase("value update", learner._update_value.lower(
-                    learner.value_state, learner.value_frozen, batch).compile()))
+                phases.append(_phase("value update", _compile(learner._update_value.lower(
+                    learner.value_state, learner.value_frozen, batch))))
             graphdef, params = nnx.split(learner.policy_model())
-            copy = jax.jit(_per_layer, static_argnames=("graphdef",)).lower(graphdef, params).compile()
+            copy = _compile(jax.jit(_per_layer, static_argnames=("graphdef",)).lower(graphdef, params))
             phases.append(_phase("sampler per-layer weights", copy))
-            layers = _sharded(jax.eval_shape(lambda p: _per_layer(graphdef, p), params), copy.output_shardings)
+            layers = _sharded(jax.eval_shape(lambda p: _per_layer(graphdef, p), params),
+                              copy.compiled.output_shardings)
             # with replicate_weights the Sampler then reshards the copies and the head (array by array) whole
             # onto each data/fsdp shard: the prefill and decode read them so
             if r.replicate_weights:
@@ -219,16 +254,16 @@ def _chunk_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int,
 
     chunk = math.ceil(dialogs / r.num_chunks)
     cache = jax.eval_shape(lambda: KVCache.init(arch, chunk, r.cache_capacity))
-    cache = _sharded(cache, jax.tree.map(lambda x: _batch_or_replicated(mesh, x), cache))
+    cache = _sharded(cache, jax.tree.map(lambda x: cache_sharding(mesh, x.shape), cache))
     prefill_args = (*weights, cache, rows((chunk, width), jnp.int32), rows((chunk, width), jnp.bool_),
                     rows((chunk,), jnp.int32), rows((chunk,), jnp.bool_), rows((chunk,), jnp.int32), *sampling)
     window = attention_window(width, r.cache_capacity)
-    prefill = _prefill.lower(*prefill_args, static=static, mesh_rules=mesh_rules, window=window).compile()
+    prefill = _compile(_prefill.lower(*prefill_args, static=static, mesh_rules=mesh_rules, window=window))
     state = _sharded(jax.eval_shape(lambda *a: _prefill(*a, static=static, mesh_rules=mesh_rules, window=window),
-                                    *prefill_args), prefill.output_shardings)
+                                    *prefill_args), prefill.compiled.output_shardings)
     step_limit = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
-    decode = _decode.lower(*weights, state, step_limit, *sampling, static=static, mesh_rules=mesh_rules,
-                           window=r.cache_capacity).compile()
+    decode = _compile(_decode.lower(*weights, state, step_limit, *sampling, static=static, mesh_rules=mesh_rules,
+                                    window=r.cache_capacity))
     return [_phase(f"prefill ({chunk} dialogs x {width} tokens)", prefill),
             _phase(f"decode loop ({chunk} dialogs, {r.cache_capacity}-slot window)", decode)]
 
@@ -244,19 +279,19 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     slots = r.slots or dialogs
     cache = jax.eval_shape(lambda: KVCache.init(arch, slots, r.cache_capacity))
     state = jax.eval_shape(lambda c: SlotState.init(c, r.max_new_tokens), cache)
-    state = _sharded(state, jax.tree.map(lambda x: _batch_or_replicated(mesh, x), state))
+    state = _sharded(state, jax.tree.map(lambda x: cache_sharding(mesh, x.shape), state))
     segments = min(1 << (math.ceil(slots / r.samples_per_problem) - 1).bit_length(), slots)
     width = min(1 << (width - 1).bit_length(), r.cache_capacity)
     args = (rows((segments, width), jnp.int32), rows((segments,), jnp.int32), rows((segments,), jnp.int32),
             rows((segments,), jnp.bool_), rows((slots,), jnp.int32), rows((slots,), jnp.int32),
             rows((slots,), jnp.int32))
     window = attention_window(width, r.cache_capacity)
-    admitted = admit.lower(*weights, state, *args, *sampling, static=static, mesh_rules=mesh_rules,
-                           window=window).compile()
+    admitted = _compile(admit.lower(*weights, state, *args, *sampling, static=static, mesh_rules=mesh_rules,
+                                    window=window))
     state = _sharded(jax.eval_shape(lambda *a: admit(*a, static=static, mesh_rules=mesh_rules, window=window),
-                                    *weights, state, *args, *sampling), admitted.output_shardings)
-    decoded = decode.lower(*weights, state, rows((slots,), jnp.int32), *sampling, static=static,
-                           mesh_rules=mesh_rules, window=r.cache_capacity, steps=r.check_every).compile()
+                                    *weights, state, *args, *sampling), admitted.compiled.output_shardings)
+    decoded = _compile(decode.lower(*weights, state, rows((slots,), jnp.int32), *sampling, static=static,
+                                    mesh_rules=mesh_rules, window=r.cache_capacity, steps=r.check_every))
     return [_phase(f"engine admit ({segments} prompts x {width} tokens -> {slots} slots)", admitted),
             _phase(f"engine decode ({slots} slots, {r.cache_capacity}-slot window)", decoded)]
 
@@ -265,11 +300,6 @@ def _value_with_lora(arch: Any, lora: Any) -> LlamaValueModel:
     value = LlamaValueModel(arch, rngs=nnx.Rngs(1))
     add_lora(value.backbone, lora)
     return value
-
-
-def _batch_or_replicated(mesh: Any, x: Any) -> NamedSharding:
-    return batch_sharding(mesh, len(x.shape), batch_size=x.shape[0]) if x.shape else NamedSharding(
-        mesh, PartitionSpec())
 
 
 @dataclasses.dataclass
@@ -347,12 +377,14 @@ def format_report(report: CompileReport) -> str:
     gib, chip = 2.0**30, report.chip
     mesh = " ".join(f"{k}={v}" for k, v in report.mesh.items())
     lines = [f"TPU compiler, {report.topology} ({report.libtpu_name}), mesh {mesh}, per chip:",
-             f"  {'program':<52} {'args GiB':>9} {'out GiB':>8} {'temp GiB':>9} {'total GiB':>10} {'TFLOP':>8} "
-             f"{'GB read+written':>16} {'roofline ms':>12}"]
+             f"  {'program':<52} {'args GiB':>9} {'out GiB':>8} {'temp GiB':>9} {'total GiB':>10} "
+             f"{'temp_size GiB':>14} {'TFLOP':>8} {'GB read+written':>16} {'roofline ms':>12}"]
     for p in report.phases:
         lines.append(f"  {p.name:<52} {p.arguments / gib:9.2f} {p.outputs / gib:8.2f} {p.temporaries / gib:9.2f} "
-                     f"{p.total / gib:10.2f} {p.flops / 1e12:8.3f} {p.bytes_accessed / 1e9:16.2f} "
-                     f"{1e3 * p.roofline_s(chip):12.2f}")
+                     f"{p.total / gib:10.2f} {p.temp_reported / gib:14.2f} {p.flops / 1e12:8.3f} "
+                     f"{p.bytes_accessed / 1e9:16.2f} {1e3 * p.roofline_s(chip):12.2f}")
+    lines.append("  (temp: the HBM heap of temporaries in the compiler's buffer assignment; temp_size: libtpu's "
+                 "memory_analysis().temp_size_in_bytes, which disagrees with that heap; not used)")
     lines.append("  planner vs compiler (per chip):")
     for name, (planned, compiled) in report.planned.items():
         lines.append(f"    {name:<66} {planned / gib:8.2f} vs {compiled / gib:8.2f} GiB "

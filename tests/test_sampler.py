@@ -330,6 +330,7 @@ def test_eight_device_mesh_gives_the_same_greedy_tokens():
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["devices"] == 8 and result["cache_devices"] == 8
+    assert result["cache_spec"] == "P(('data', 'fsdp'), 'tensor')"  # rows over data/fsdp, kv heads over tensor
     assert result["single"] == result["sharded"]
     assert result["single_continued"] == result["sharded_continued"]
     assert result["single"] == result["gathered"] and result["single_continued"] == result["gathered_continued"]

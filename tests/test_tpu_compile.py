@@ -24,6 +24,29 @@ def _aligned_tiny():
     return config
 
 
+def test_temporaries_are_the_buffer_assignments_hbm_heap():
+    """A program whose one intermediate, f32[8192, 8192] (256 MiB per chip, replicated), cannot live in v5e's
+    128 MiB of on-chip VMEM: the phase's temporaries come from the dumped buffer assignment's HBM heap, which
+    must hold that intermediate and, for its gradient, little more than the three 256 MiB values it needs."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from rljax.tpu_compile import _compile, _phase, topology_devices
+
+    devices, _ = topology_devices("v5e-4")
+    replicated = NamedSharding(Mesh(np.array(devices), ("data",)), PartitionSpec())
+    square = jax.ShapeDtypeStruct((8192, 8192), jnp.float32, sharding=replicated)
+    loss = lambda x, w1, w2: jnp.sum(jnp.tanh(jnp.tanh(x @ w1) @ w2) ** 2)  # noqa: E731
+    program = _compile(jax.jit(jax.grad(loss, argnums=(1, 2))).lower(square, square, square))
+    phase = _phase("gradient", program)
+    mib = 2**20
+    assert program.heap is not None and phase.temporaries == program.heap
+    assert 256 * mib <= phase.temporaries <= 3 * 256 * mib, phase.temporaries / mib
+    assert (phase.arguments, phase.outputs // mib) == (3 * 256 * mib, 2 * 256)
+
+
 def test_update_and_sampler_compile_for_v5e_2x2_and_match_the_planner():
     from rljax.tpu_compile import compile_report, format_report
 
@@ -46,12 +69,15 @@ def test_update_and_sampler_compile_for_v5e_2x2_and_match_the_planner():
 
 def test_slots_engine_programs_compile_for_v5e_2x2():
     """With `rollout.engine = "slots"` the engine's admit and decode are compiled instead of the chunked prefill
-    and decode: one cache of every slot's row in their (donated) state, compared with the planner's slot cache."""
+    and decode: one cache of every slot's row in their (donated) state, compared with the planner's slot cache.
+    On fsdp 2 x tensor 2 the cache's rows are split over fsdp and its kv heads over tensor, as the attention
+    reads them: a cache whole on each tensor shard held twice the bytes and could not be written in place."""
     from models.config import LlamaConfig
     from rljax.tpu_compile import compile_report, format_report
 
     config = _aligned_tiny()
     config.rollout.engine = "slots"
+    config.mesh.fsdp, config.mesh.tensor = 2, 2
     report = compile_report(config, "v5e-4")
     names = [p.name.split(" (")[0] for p in report.phases]
     assert names == ["policy update", "scoring pass", "sampler per-layer weights", "engine admit", "engine decode"]
@@ -60,8 +86,11 @@ def test_slots_engine_programs_compile_for_v5e_2x2():
     assert f"-> {slots} slots" in admit.name and admit.aliased > 0 and decode.aliased > 0  # the state is donated
     arch = LlamaConfig.preset("tiny", **config.model.overrides)
     kv_bytes = slots * config.rollout.cache_capacity * arch.num_layers * 2 * arch.num_kv_heads * arch.head_dim * 4
-    kv_per_chip = kv_bytes / 4  # fp32 keys and values, slots sharded over the 4 chips
-    assert admit.arguments >= kv_per_chip and decode.arguments >= kv_per_chip
+    kv_per_chip = kv_bytes / 4  # fp32 keys and values, slots over fsdp 2, kv heads over tensor 2
+    weights = report.phase("sampler per-layer weights").arguments * 3  # the params, the copy, the head: an upper bound
+    for program in (admit, decode):
+        assert kv_per_chip <= program.arguments <= kv_per_chip + weights, (program.name, program.arguments)
+        assert program.aliased >= kv_per_chip  # the new cache written over the donated one
     planned, compiled = report.planned["engine admit (weights, per-layer copy, every slot's cache, attention)"]
     assert 1.0 <= planned / compiled <= 2.0, (planned, compiled)
     assert f"decode step (the loop body: one step, {slots} dialogs)" in format_report(report)

@@ -1,9 +1,11 @@
 """Run a program on CodeContests-style stdin/stdout tests, or on HumanEval-style assertion tests."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import secrets
+import threading
 from typing import Any, Mapping, Sequence
 
 from executor.judge import outputs_match
@@ -146,3 +148,39 @@ def _run_assert_tests(source: str, tests: Sequence[AssertTest], limits: Limits, 
 def _status(run: RunResult, passed: bool) -> str:
     """The sandbox status, or "wrong_answer" for a clean run that did not pass."""
     return run.status if run.status != "ok" or passed else "wrong_answer"
+
+
+class TestRunCache:
+    """A memo of `run_tests` (stdin/stdout or assertion tests): the same source on the same tests under the same
+    limits gets the stored results instead of another sandbox run. GRPO groups and later steps repeat answers
+    (a tiny model's group of 8 often holds 2-3 distinct programs). A program whose verdict depends on timing or
+    randomness keeps its first verdict. Thread-safe; the least recently used entries go once the stored outputs
+    (stdout + stderr characters) pass `max_chars`; `hits` and `misses` count the calls."""
+
+    def __init__(self, max_chars: int):
+        if max_chars <= 0:
+            raise ValueError(f"TestRunCache.max_chars must be > 0, got {max_chars}")
+        self.max_chars = max_chars
+        self.hits = self.misses = 0
+        self._entries: collections.OrderedDict[Any, tuple[list[TestResult], int]] = collections.OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def run(self, source: str, tests: Sequence[Test | AssertTest], limits: Limits = Limits()) -> list[TestResult]:
+        key = (source, tuple(tests), limits)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return list(entry[0])
+            self.misses += 1
+        results = run_tests(source, tests, limits)
+        size = sum(len(r.actual) + len(r.stderr) for r in results) + len(source)
+        with self._lock:
+            if key not in self._entries and size <= self.max_chars:
+                self._entries[key] = (results, size)
+                self._chars += size
+                while self._chars > self.max_chars:
+                    self._chars -= self._entries.popitem(last=False)[1][1]
+        return list(results)

@@ -46,7 +46,10 @@ def base_config() -> ConfigDict:
     c.env = ConfigDict({
         "name": "rlef", "max_turns": 3, "feedback_mode": "full", "code_builder": "python_block", "prompt": "",
         "rewards": {"solved": 1.0, "failed": -1.0, "no_code": -0.2, "intermediate": 0.0},
-        "time_limit_s": 10.0, "memory_limit_mb": 1024, "use_problem_limits": True, "reward_variant": "similarity"})
+        "time_limit_s": 10.0, "memory_limit_mb": 1024, "use_problem_limits": True, "reward_variant": "similarity",
+        # test_cache_mb: a program already run on the same tests gets its stored results (outputs up to this
+        # many MiB of characters; 0 runs every answer)
+        "test_cache_mb": 256})
     c.rollout = ConfigDict({
         "problems_per_step": 8, "samples_per_problem": 1, "max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0,
         "top_k": 0, "cache_capacity": 4096, "length_bucket": 64, "num_chunks": 2, "executor_workers": 0,
@@ -113,7 +116,7 @@ POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_pro
             "train.seq_bucket", "train.vocab_chunk", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs",
             "eval.samples_per_problem", "eval.batch_dialogs", "eval.bootstrap_resamples", "warmup.batch",
             "warmup.micro_batches", "rollout.check_every", "rollout.decode_sizes")
-NON_NEGATIVE = ("log.samples_per_step", "warmup.steps", "rollout.slots")
+NON_NEGATIVE = ("log.samples_per_step", "warmup.steps", "rollout.slots", "env.test_cache_mb")
 
 
 def _get(config: ConfigDict, dotted: str) -> Any:
@@ -397,7 +400,7 @@ def build_env(cfg: ConfigDict, rows: list[dict[str, Any]], data_source: str = ""
     return RLEFEnv(max_turns=cfg.max_turns, rewards=RLEFRewards(**dict(cfg.rewards)), feedback_mode=cfg.feedback_mode,
                    default_limits=Limits(cfg.time_limit_s, cfg.memory_limit_mb), use_problem_limits=cfg.use_problem_limits,
                    code_extractor=builder, unrelated_problems=rows if cfg.feedback_mode == "unrelated" else (),
-                   **kwargs)
+                   test_cache_chars=int(cfg.test_cache_mb * 2**20), **kwargs)
 
 
 def loss_config(config: ConfigDict) -> LossConfig:

@@ -231,6 +231,9 @@ class Trainer:
         metrics.update(extra)
         metrics.update(rollout_metrics(trajectories, rstats, self.env.max_turns))
         metrics["data/skipped_problems"] = self.stream.skipped
+        test_runs = getattr(self.env, "test_runs", None)
+        if test_runs is not None:  # cumulative; perf/: a resumed run starts with an empty cache
+            metrics["perf/test_cache_hits"], metrics["perf/test_cache_misses"] = test_runs.hits, test_runs.misses
         now = time.perf_counter()
         metrics.update({"time/step_s": now - started, "time/rollout_s": rstats.total_s,
                         "time/train_s": now - train_started,

@@ -1,4 +1,4 @@
-"""CodeContests judge comparison, code extraction, feedback text, assertion tests, limits."""
+"""CodeContests judge comparison, code extraction, feedback text, assertion tests, limits, the test-run cache."""
 import pytest
 
 from executor import Limits, Test, extract_code, feedback_text, limits_for_problem, outputs_match, run_assert_tests
@@ -68,3 +68,47 @@ def test_stop_at_first_failure():
     tests = [Test("1\n", "1\n"), Test("2\n", "3\n"), Test("3\n", "3\n")]
     assert len(run_tests("print(input())", tests, stop_at_first_failure=True)) == 2
     assert [r.passed for r in run_tests("print(input())", tests)] == [True, False, True]
+
+
+def test_test_run_cache_runs_a_program_once_per_tests_and_limits_and_evicts_by_size():
+    from executor.testing import TestRunCache
+
+    cache = TestRunCache(max_chars=10_000)
+    tests = [Test("3\n", "6"), Test("5\n", "10")]
+    # a program that prints a fresh random number each run: a second sandbox run would differ
+    source = "import random\nn = int(input())\nprint(2 * n if random.random() < 2 else 0, random.random())"
+    first = cache.run(source, tests)
+    assert (cache.hits, cache.misses) == (0, 1) and not any(r.passed for r in first)
+    again = cache.run(source, list(tests))  # equal tests, another list
+    assert (cache.hits, cache.misses) == (1, 1) and [r.actual for r in again] == [r.actual for r in first]
+    cache.run(source, tests[:1])  # other tests, other limits, other source: each its own run
+    cache.run(source, tests, Limits(time_limit_s=5.0))
+    cache.run(source + "\n", tests)
+    assert (cache.hits, cache.misses) == (1, 4)
+    right = "print(2 * int(input()))"
+    assert all(r.passed for r in cache.run(right, tests)) and all(r.passed for r in cache.run(right, tests))
+    assert (cache.hits, cache.misses) == (2, 5)
+
+    small = TestRunCache(max_chars=40)  # room for one entry: the program (23 characters) and its outputs (5)
+    small.run(right, tests)
+    small.run("print(3 * int(input()))", tests)  # evicts the first
+    small.run(right, tests)
+    assert (small.hits, small.misses) == (0, 3)
+    with pytest.raises(ValueError, match="TestRunCache.max_chars must be > 0"):
+        TestRunCache(0)
+
+
+def test_rlef_env_scores_a_repeated_answer_from_its_cache():
+    from rljax.envs import RLEFEnv
+
+    row = {"name": "double", "description": "Print twice the number.",
+           "public_tests": {"input": ["3\n"], "output": ["6\n"]},
+           "private_tests": {"input": ["5\n", "0\n"], "output": ["10\n", "0\n"]}}
+    env = RLEFEnv(max_turns=2, test_cache_chars=1 << 20)
+    wrong, right = "```python\nprint(int(input()) + 1)\n```", "```python\nprint(2 * int(input()))\n```"
+    results = [env.reset(row).step(answer) for answer in (wrong, wrong, right, right)]
+    assert [r.status for r in results] == ["retry", "retry", "solved", "solved"]
+    assert results[0].feedback == results[1].feedback and results[2].reward == results[3].reward == 1.0
+    # sandbox runs: wrong on the public tests once; right on the public, then the private tests once
+    assert (env.test_runs.hits, env.test_runs.misses) == (3, 3)
+    assert RLEFEnv().test_runs is None  # off unless asked (the trainer's env.test_cache_mb turns it on)

@@ -14,7 +14,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from executor.extract import extract_code
 from executor.feedback import MODES, NO_CODE, RETRY, feedback_text
-from executor.testing import WRONG_RESULT_EXIT, AssertTest, Limits, Test, TestResult, limits_for_problem, run_tests
+from executor.testing import (WRONG_RESULT_EXIT, AssertTest, Limits, Test, TestResult, TestRunCache, limits_for_problem,
+                              run_tests)
 from models.chat import Message
 from rljax.envs.base import ProblemError, StepResult, require_fields
 
@@ -122,11 +123,11 @@ class RLEFEpisode:
         if code is None:
             result = StepResult(env.rewards.no_code, last, None if last else env.no_code_feedback(), "no_code", info)
         else:
-            public = run_tests(code, problem.public_tests, problem.limits)
+            public = env.run_tests(code, problem.public_tests, problem.limits)
             info["public_passed"] = sum(r.passed for r in public)
             info["public_statuses"] = [r.status for r in public]
             if all(r.passed for r in public):
-                private = run_tests(code, problem.private_tests, problem.limits)
+                private = env.run_tests(code, problem.private_tests, problem.limits)
                 info["private_passed"] = sum(r.passed for r in private)
                 solved = all(r.passed for r in private)
                 result = StepResult(env.rewards.solved if solved else env.rewards.failed, True, None,
@@ -158,7 +159,7 @@ class RLEFEnv:
                  default_limits: Limits = Limits(), use_problem_limits: bool = True, prompt: str = PROMPT,
                  code_extractor: Callable[[str], str | None] = extract_code,
                  unrelated_problems: Sequence[Mapping[str, Any]] = (), feedback_max_chars: int = 1000,
-                 feedback_max_tests: int = 10):
+                 feedback_max_tests: int = 10, test_cache_chars: int = 0):
         if max_turns < 1:
             raise ValueError(f"RLEFEnv.max_turns must be >= 1, got {max_turns}")
         if feedback_mode not in MODES:
@@ -175,8 +176,14 @@ class RLEFEnv:
         self.feedback_max_chars = feedback_max_chars
         self.feedback_max_tests = feedback_max_tests
         self.unrelated = [self.parse(p) for p in unrelated_problems]
+        # test_cache_chars > 0: a program already run on the same tests gets its stored results (TestRunCache)
+        self.test_runs = TestRunCache(test_cache_chars) if test_cache_chars > 0 else None
         if feedback_mode == "unrelated" and len(self.unrelated) < 2:
             raise ValueError("RLEFEnv: feedback_mode 'unrelated' needs at least 2 unrelated_problems")
+
+    def run_tests(self, code: str, tests: Sequence[Test | AssertTest], limits: Limits) -> list[TestResult]:
+        """`executor.testing.run_tests`, through the cache when there is one."""
+        return run_tests(code, tests, limits) if self.test_runs is None else self.test_runs.run(code, tests, limits)
 
     def parse(self, row: Mapping[str, Any]) -> CodeProblem:
         return parse_problem(row, self.default_limits, self.use_problem_limits)
@@ -206,7 +213,7 @@ class RLEFEnv:
     def failure_feedback(self, code: str, problem: CodeProblem, public: list[TestResult]) -> str:
         if self.feedback_mode == "unrelated":
             other = self._unrelated_for(problem)
-            public = run_tests(code, other.public_tests, other.limits)
+            public = self.run_tests(code, other.public_tests, other.limits)
             if all(r.passed for r in public):
                 return RETRY
         return feedback_text(public, self.feedback_mode, self.feedback_max_chars, self.feedback_max_tests)

@@ -9,7 +9,8 @@ the code does not state (per-layer weight copies, the sampler state) are read fr
 Phases compiled: the policy update, the value update (PPO), the scoring pass, the sampler's per-layer weight
 copy, prefill and decode loop, or with `rollout.engine = "slots"` the engine's admit and decode programs
 (`models.slots`; every slot's cache row lives in their arguments). For each, the compiler's memory analysis
-(per chip) and cost analysis (flops, bytes accessed per chip) are reported; a roofline step time is
+(arguments, outputs, aliasing per chip), the HBM heap of temporaries of its buffer assignment (`_compile`) and
+its cost analysis (flops, bytes accessed per chip) are reported; a roofline step time is
 max(flops / peak, bytes / bandwidth) with the chip figures in `CHIPS`: an estimate (a lower bound on time, hence
 upper bounds on tokens/s and MFU), not a measurement.
 """

@@ -118,6 +118,9 @@ def main() -> None:
     model, tokenizer = build_policy(config.model)
     codec = build_codec(config, tokenizer)
     rows = load_rows(config.data)
+    # no test-run cache: each engine runs every rollout twice on the same problems (the first warms the
+    # compiles), and stored verdicts from an earlier rollout or engine would hide the executor's cost
+    config.env.test_cache_mb = 0
     env = build_env(config.env, rows, config.data.source)
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=r.temperature,
                               stop_ids=tuple(codec.stop_ids))

@@ -261,7 +261,9 @@ def _deterministic(rows):
 def test_sigkill_between_checkpoints_then_resume_is_bit_exact(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    subprocess.run(_cli(straight, 7), cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
+    # the uninterrupted run beside the one to kill (separate workdirs; the runs are deterministic)
+    uninterrupted = subprocess.Popen(_cli(straight, 7), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
     proc = subprocess.Popen(_cli(killed, 7), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     metrics = killed / "metrics.jsonl"
@@ -273,6 +275,8 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_exact(tmp_path):
     assert proc.poll() is None, "the run ended before it could be killed"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    _, err = uninterrupted.communicate(timeout=600)
+    assert uninterrupted.returncode == 0, err[-2000:]
     resumed = subprocess.run(_cli(killed, 7), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stderr

@@ -45,15 +45,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from models.llama import KVCache, Llama
-from models.sharding import (DEFAULT_RULES, Rules, batch_sharding, cache_sharding, constrain, host_array, use_mesh,
+from models.sharding import (DEFAULT_RULES, Rules, batch_sharding, constrain, host_array, logical_to_spec, use_mesh,
                              without_batch_axes)
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = "eos", "stop", "length"
 _KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_length")  # KVCache.k_bkhs
 _VALUE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")  # KVCache.v_bksh
+_VALID_AXES = ("batch", "cache_length")  # KVCache.valid_bs
 _CANDIDATES = 256  # top-p is searched among this many most likely tokens first
 
 
@@ -370,7 +371,17 @@ def _put_window(full: KVCache, window: KVCache) -> KVCache:
 def _constrain_cache(cache: KVCache) -> KVCache:
     return cache.replace(k_bkhs=tuple(constrain(k, _KEY_AXES) for k in cache.k_bkhs),
                          v_bksh=tuple(constrain(v, _VALUE_AXES) for v in cache.v_bksh),
-                         valid_bs=constrain(cache.valid_bs, ("batch", "cache_length")))
+                         valid_bs=constrain(cache.valid_bs, _VALID_AXES))
+
+
+def cache_shardings(cache: KVCache, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> KVCache:
+    """NamedShardings (in a KVCache) for `cache` (arrays or ShapeDtypeStructs) by the logical axes its programs
+    constrain it to: rows over data/fsdp, kv heads over tensor; the index replicated."""
+    def spec(x: Any, axes: tuple[str, ...]) -> NamedSharding:
+        return NamedSharding(mesh, logical_to_spec(axes, x.shape, mesh, rules))
+
+    return KVCache(tuple(spec(k, _KEY_AXES) for k in cache.k_bkhs), tuple(spec(v, _VALUE_AXES) for v in cache.v_bksh),
+                   spec(cache.valid_bs, _VALID_AXES), NamedSharding(mesh, PartitionSpec()))
 
 
 def _maybe_mesh(mesh_rules: tuple[Mesh, Rules] | None) -> Any:
@@ -484,12 +495,13 @@ class Sampler:
                             if x.ndim else x, tree)
 
     def place_cache(self, cache: KVCache) -> KVCache:
-        """`cache` on the mesh as the attention reads it (`models.sharding.cache_sharding`: rows over data/fsdp,
-        kv heads over tensor), so a program that takes it donated can write its output over it."""
+        """`cache` on the mesh as its programs read it (`cache_shardings`: rows over data/fsdp, kv heads over
+        tensor), so a program that takes it donated can write its output over it; the index stays as it is."""
         if self._mesh_rules is None:
             return cache
-        mesh, rules = self._mesh_rules
-        return jax.tree.map(lambda x: jax.device_put(x, cache_sharding(mesh, x.shape, rules)) if x.ndim else x, cache)
+        shardings = cache_shardings(cache, *self._mesh_rules)
+        placed = jax.device_put(cache.replace(index=None), shardings.replace(index=None))
+        return placed.replace(index=cache.index)
 
     def _static(self, sampling: SamplingParams) -> _Static:
         return _Static(greedy=sampling.greedy, top_k=0 if sampling.greedy else sampling.top_k,

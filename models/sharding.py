@@ -130,16 +130,6 @@ def batch_sharding(mesh: Mesh, ndim: int, rules: Rules = DEFAULT_RULES, batch_si
     return NamedSharding(mesh, logical_to_spec(("batch",) + (None,) * (ndim - 1), shape, mesh, rules))
 
 
-def cache_sharding(mesh: Mesh, shape: Sequence[int], rules: Rules = DEFAULT_RULES) -> NamedSharding:
-    """Sharding for a KV cache array: a [B, K, ., .] key or value buffer has its rows over the batch axes and
-    its kv heads over "kv_heads" (tensor), as the attention that reads it; other [B, ...] arrays by rows;
-    scalars replicated."""
-    if not shape:
-        return NamedSharding(mesh, PartitionSpec())
-    axes = ("batch", "kv_heads", None, None) if len(shape) == 4 else ("batch",) + (None,) * (len(shape) - 1)
-    return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
-
-
 def without_batch_axes(sharding: NamedSharding, rules: Rules = DEFAULT_RULES) -> NamedSharding:
     """`sharding` with the mesh axes of the "batch" rule (data, fsdp) dropped from its spec: each data/fsdp
     shard holds the whole array, still split over the other axes (tensor)."""

@@ -33,8 +33,7 @@ from ml_collections import ConfigDict
 
 from models.llama import KVCache, Llama, LlamaValueModel
 from models.lora import add_lora
-from models.sharding import (DEFAULT_RULES, batch_sharding, cache_sharding, is_variable, make_mesh, state_shardings,
-                             use_mesh)
+from models.sharding import DEFAULT_RULES, batch_sharding, is_variable, make_mesh, state_shardings, use_mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,11 +250,11 @@ def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpe
 def _chunk_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int, weights: tuple, sampling: tuple,
                   static: Any, mesh_rules: Any, rows: Callable) -> list[Phase]:
     """The chunked rollout's prefill of one chunk's prompts (`width` tokens) and its decode loop."""
-    from models.sampler import _decode, _prefill, attention_window
+    from models.sampler import _decode, _prefill, attention_window, cache_shardings
 
     chunk = math.ceil(dialogs / r.num_chunks)
     cache = jax.eval_shape(lambda: KVCache.init(arch, chunk, r.cache_capacity))
-    cache = _sharded(cache, jax.tree.map(lambda x: cache_sharding(mesh, x.shape), cache))
+    cache = _sharded(cache, cache_shardings(cache, mesh))
     prefill_args = (*weights, cache, rows((chunk, width), jnp.int32), rows((chunk, width), jnp.bool_),
                     rows((chunk,), jnp.int32), rows((chunk,), jnp.bool_), rows((chunk,), jnp.int32), *sampling)
     window = attention_window(width, r.cache_capacity)
@@ -274,13 +273,15 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     """The slots engine's two programs (`models.slots`) for its first admission of a step: every slot takes a
     new dialog, the G dialogs of a problem sharing one prompt segment of `width` tokens (a power of two, as the
     engine pads), then the decode loop over all slots at the full window."""
-    from models.sampler import attention_window
+    from models.sampler import attention_window, cache_shardings
     from models.slots import SlotState, admit, decode
 
     slots = r.slots or dialogs
     cache = jax.eval_shape(lambda: KVCache.init(arch, slots, r.cache_capacity))
     state = jax.eval_shape(lambda c: SlotState.init(c, r.max_new_tokens), cache)
-    state = _sharded(state, jax.tree.map(lambda x: cache_sharding(mesh, x.shape), state))
+    rows_of = jax.tree.map(lambda x: batch_sharding(mesh, len(x.shape), batch_size=x.shape[0]),
+                           state.replace(cache=None))  # every other field is [slots, ...]
+    state = _sharded(state, rows_of.replace(cache=cache_shardings(state.cache, mesh)))
     segments = min(1 << (math.ceil(slots / r.samples_per_problem) - 1).bit_length(), slots)
     width = min(1 << (width - 1).bit_length(), r.cache_capacity)
     args = (rows((segments, width), jnp.int32), rows((segments,), jnp.int32), rows((segments,), jnp.int32),

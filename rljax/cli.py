@@ -342,8 +342,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(args.command, lambda: args.func(args))
 
 
+# the commands that compile a model's programs on this host (plan's TPU programs bypass the cache)
+COMPILING_COMMANDS = frozenset({"train", "eval", "demo", "generate", "export"})
+
+
+def use_compilation_cache(command: str) -> None:
+    """Keep `command`'s compiled XLA programs in `$RLJAX_CACHE/xla` (JAX's persistent compilation cache), so
+    a rerun of the same model, shapes and mesh loads them instead of compiling again. JAX_COMPILATION_CACHE_DIR,
+    when set, is left to JAX (another folder; empty: no cache); JAX's own threshold applies (programs that took
+    at least `jax_persistent_cache_min_compile_time_secs`, 1 s by default, to compile)."""
+    import os
+
+    if command not in COMPILING_COMMANDS or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    import jax
+
+    from models.pretrained import DEFAULT_CACHE
+
+    jax.config.update("jax_compilation_cache_dir", str(DEFAULT_CACHE / "xla"))
+
+
 def _run(command: str, job: "Callable[[], int]") -> int:
     """Run a subcommand; a bad input becomes one error line and exit status 1."""
+    use_compilation_cache(command)
     from models.checkpoint import CheckpointError
     from models.config import ConfigError
     from models.convert import WeightsError

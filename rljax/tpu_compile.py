@@ -16,6 +16,7 @@ upper bounds on tokens/s and MFU), not a measurement.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import importlib.util
@@ -23,7 +24,7 @@ import math
 import os
 import re
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -129,6 +130,23 @@ class _Program:
     heap: int | None  # HBM bytes of the buffer assignment's preallocated temporaries; None if not dumped
 
 
+@contextlib.contextmanager
+def _without_persistent_cache() -> Iterator[None]:
+    """JAX's persistent compilation cache off, then as it was: a cache hit would skip the compile and so the
+    dump (`xla_dump_to` is not part of the cache key), and a program compiled for a topology without chips
+    cannot be read back from the cache anyway (it would only fill the folder)."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # JAX decides once per process whether the cache is used
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
+
+
 def _compile(lowered: Any) -> _Program:
     """Compile with the buffer assignment dumped to a scratch folder, and read the HBM heap of temporaries
     that the runtime reserves for the program (its `preallocated-temp` allocation in the default memory space).
@@ -137,7 +155,7 @@ def _compile(lowered: Any) -> _Program:
     beside the dump, temp_size_in_bytes is larger on every update program (rlef_llama3_1_8b on v5p-64: 15.07 GiB
     against an 11.67 GiB heap; the aligned tiny config on v5e-4: 172.3 MB against 153.0 MB) and 0 for a prefill
     whose heap is 1.4 MB, and its `peak_memory_in_bytes` also counts values held in on-chip VMEM."""
-    with tempfile.TemporaryDirectory(prefix="rljax-tpu-dump-") as folder:
+    with tempfile.TemporaryDirectory(prefix="rljax-tpu-dump-") as folder, _without_persistent_cache():
         compiled = lowered.compile(compiler_options={"xla_dump_to": folder})
         reports = glob.glob(os.path.join(folder, "*after_optimizations-buffer-assignment.txt"))
         heaps = [sum(int(size) for size in _HEAP.findall(open(path).read())) for path in reports]

@@ -21,6 +21,11 @@ else:
     os.environ["RLJAX_CACHE"] = tempfile.mkdtemp(prefix="rljax-test-cache-")
     atexit.register(shutil.rmtree, os.environ["RLJAX_CACHE"], True)
 
+# compiled XLA programs are shared through JAX's persistent cache by every test and subprocess of the session
+# (a test still compiles each program the first time; toy programs compile in well under JAX's 1 s threshold)
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.environ["RLJAX_CACHE"], "xla"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 

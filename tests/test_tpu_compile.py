@@ -4,6 +4,7 @@ Needs libtpu (the tpu-compile extra); skipped with the reason when it is absent.
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -39,7 +40,15 @@ def test_temporaries_are_the_buffer_assignments_hbm_heap():
     replicated = NamedSharding(Mesh(np.array(devices), ("data",)), PartitionSpec())
     square = jax.ShapeDtypeStruct((8192, 8192), jnp.float32, sharding=replicated)
     loss = lambda x, w1, w2: jnp.sum(jnp.tanh(jnp.tanh(x @ w1) @ w2) ** 2)  # noqa: E731
-    program = _compile(jax.jit(jax.grad(loss, argnums=(1, 2))).lower(square, square, square))
+    cache = Path(jax.config.jax_compilation_cache_dir)  # the suite's (tests/conftest.py): TPU programs stay out
+    entries = sorted(cache.iterdir()) if cache.is_dir() else []
+    min_time = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    try:
+        program = _compile(jax.jit(jax.grad(loss, argnums=(1, 2))).lower(square, square, square))
+    finally:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
+    assert (sorted(cache.iterdir()) if cache.is_dir() else []) == entries
     phase = _phase("gradient", program)
     mib = 2**20
     assert program.heap is not None and phase.temporaries == program.heap

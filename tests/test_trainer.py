@@ -359,6 +359,28 @@ def test_every_shipped_config_loads_and_validates(path):
     assert config.seed == 7 and config.total_steps > 0 and config.workdir
 
 
+def test_compiling_commands_keep_programs_in_the_persistent_cache(tmp_path, monkeypatch):
+    """train/eval/demo/generate/export point JAX's compilation cache at $RLJAX_CACHE/xla; plan does not (its TPU
+    programs must compile to be dumped); a JAX_COMPILATION_CACHE_DIR the user set is left to JAX."""
+    import models.pretrained
+    from rljax.cli import use_compilation_cache
+
+    before = jax.config.jax_compilation_cache_dir
+    monkeypatch.setattr(models.pretrained, "DEFAULT_CACHE", tmp_path)
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    try:
+        use_compilation_cache("plan")
+        assert jax.config.jax_compilation_cache_dir == before
+        use_compilation_cache("train")
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
+        jax.config.update("jax_compilation_cache_dir", before)
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "")
+        use_compilation_cache("eval")
+        assert jax.config.jax_compilation_cache_dir == before
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
 def test_cli_bad_config_is_one_line(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
     for extra, message in (["--config.rollout.nope=1"], "the config has no key 'nope'"), \

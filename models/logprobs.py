@@ -7,6 +7,9 @@ streaming them than in the vocabulary matmul itself. Here the sequence is cut in
 positions; each chunk's logits exist only inside one `lax.scan` step, forward and backward (the backward
 recomputes them: one extra matmul instead of keeping [B, T, V]). Chunks run along the sequence so every
 chunk keeps the batch sharding of the mesh; a sharded vocabulary axis reduces through XLA's collectives.
+The backward skips a chunk whose cotangents are all zero (`lax.cond`): the positions no loss term weights
+(prompts, feedback turns and padding common to the batch's rows) cost no logits, softmax or head matmuls
+there, three times the forward's vocabulary matmul per token.
 
 Gradient, with z = logits / temperature, lse = logsumexp(z), p = softmax(z), H = -sum p log p:
   d logp_t / dz = onehot(t) - p,    d H / dz = -p * (z - lse + H).
@@ -89,6 +92,12 @@ def _backward(vocab_axis, temperature, chunk_len, residuals, cotangents):
                                                          g_entropy_bt))
 
     def step(d_head, chunk):
+        g_logp, g_entropy = chunk[4], chunk[5]
+        needed = jnp.any(g_logp != 0) | jnp.any(g_entropy != 0)
+        return jax.lax.cond(needed, chunk_gradients, lambda d_head, chunk: (d_head, jnp.zeros_like(chunk[0])),
+                            d_head, chunk)
+
+    def chunk_gradients(d_head, chunk):
         h_bcd, targets_bc, lse, entropy, g_logp, g_entropy = (x.reshape((-1,) + x.shape[2:]) for x in chunk)
         z = _chunk_logits(h_bcd, head, vocab_axis, temperature)
         p = jnp.exp(z - lse[:, None])

@@ -50,6 +50,38 @@ def test_values_and_gradients_match_the_plain_log_softmax(vocab_axis, temperatur
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("vocab_axis", [0, 1])
+def test_chunks_that_no_loss_term_weights_are_skipped_with_the_same_gradients(vocab_axis):
+    """A prompt common to every row (positions 0-7: two whole chunks of 4 with zero cotangents) and a longer
+    prompt on row 0 (8-9: a chunk only partly weighted): the skipped chunks' gradients are exactly zero and
+    the rest equal the plain log-softmax's."""
+    keys = jax.random.split(jax.random.PRNGKey(7), 5)
+    b, t, d, v = 3, 14, 16, 50
+    h = jax.random.normal(keys[0], (b, t, d))
+    head = jax.random.normal(keys[1], (v, d) if vocab_axis == 0 else (d, v)) * 0.5
+    targets = jax.random.randint(keys[2], (b, t), 0, v)
+    weighted = np.ones((b, t), np.float32)
+    weighted[:, :8] = 0.0
+    weighted[0, 8:10] = 0.0
+    g_logp = jax.random.normal(keys[3], (b, t)) * weighted
+    g_entropy = jax.random.normal(keys[4], (b, t)) * weighted
+
+    def loss(fn):
+        def f(h, head):
+            logp, entropy = fn(h, head)
+            return jnp.sum(logp * g_logp) + jnp.sum(entropy * g_entropy)
+        return f
+
+    ours = lambda h, head: token_logprobs_and_entropy(h, head, targets, vocab_axis, 1.0, 4)  # noqa: E731
+    plain = lambda h, head: _plain(h, head, targets, vocab_axis, 1.0)  # noqa: E731
+    got = jax.jit(jax.grad(loss(ours), argnums=(0, 1)))(h, head)
+    want = jax.grad(loss(plain), argnums=(0, 1))(h, head)
+    assert not np.any(np.asarray(got[0])[:, :8]) and not np.any(np.asarray(got[0])[0, 8:10])
+    for g, w in zip(got, want):
+        assert float(jnp.max(jnp.abs(w))) > 0.1
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
 def test_entropy_without_gradient_leaves_the_logprob_gradient_alone():
     keys = jax.random.split(jax.random.PRNGKey(3), 3)
     h, head = jax.random.normal(keys[0], (2, 7, 8)), jax.random.normal(keys[1], (30, 8))

@@ -10,6 +10,7 @@ warning in the log. The verdict is made here from exit status and output, never 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import logging
 import os
 import selectors
@@ -46,25 +47,52 @@ class RunResult:
 
 
 class _UidPool:
-    """Unprivileged uids handed out one per concurrent run (only used when the host process is root)."""
+    """Unprivileged uids handed out one per concurrent run (only used when the host process is root), unique on
+    the host: a uid is held through an exclusive `flock` on `lock_dir/<uid>`, which the kernel drops if its
+    holder dies. Two rljax processes on one machine (two runs, the local processes of a multi-process run) thus
+    never run programs as the same uid at once, where the rlimits fallback's uid-wide kill and the per-uid
+    process limit would reach into the other's run."""
 
-    def __init__(self, base: int, count: int):
+    def __init__(self, base: int, count: int, lock_dir: Path):
         self._free = list(range(base + count - 1, base - 1, -1))
+        self._lock_dir = lock_dir
+        self._held: dict[int, int] = {}
         self._cond = threading.Condition()
 
     def acquire(self) -> int:
         with self._cond:
-            while not self._free:
-                self._cond.wait()
-            return self._free.pop()
+            if not self._held:
+                _private_dir(self._lock_dir)
+            while True:
+                for uid in reversed(self._free):
+                    fd = os.open(self._lock_dir / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:  # another process runs a program as this uid
+                        os.close(fd)
+                        continue
+                    self._free.remove(uid)
+                    self._held[uid] = fd
+                    return uid
+                self._cond.wait(0.05)  # all taken here or by other processes: one of them frees a uid
 
     def release(self, uid: int) -> None:
         with self._cond:
+            os.close(self._held.pop(uid))  # closing the only descriptor drops the lock
             self._free.append(uid)
             self._cond.notify()
 
 
-_UIDS = _UidPool(UID_BASE, UID_COUNT)
+def _private_dir(path: Path) -> None:
+    """Create `path` as this user's, mode 0700, or check that it already is (its lock files decide uids)."""
+    path.mkdir(mode=0o700, exist_ok=True)
+    info = path.lstat()
+    if not path.is_dir() or path.is_symlink() or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        raise RuntimeError(f"sandbox uid locks: {path} must be a directory owned by uid {os.geteuid()} with mode "
+                           f"0700 (found uid {info.st_uid}, mode {oct(info.st_mode & 0o777)})")
+
+
+_UIDS = _UidPool(UID_BASE, UID_COUNT, Path(tempfile.gettempdir()) / "rljax-sandbox-uids")
 _warned = False
 
 

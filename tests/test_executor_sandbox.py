@@ -177,3 +177,37 @@ def test_limits_are_set_by_an_execed_helper_not_in_the_forked_child(use_prlimit)
     pid, limits = out.split(" ", 1)
     assert int(pid) == proc.pid  # exec'd in place: the run's pid, rusage and process group stay the command's
     assert limits.strip() == "(100, 100) (7, 8)"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids are handed out only when the host runs as root")
+def test_two_processes_on_one_host_never_run_programs_as_the_same_uid():
+    """The uid pool is held through flocks shared by every process on the host; a holder that exits (here
+    without releasing) frees its uids."""
+    import sys
+
+    from executor.sandbox import _UIDS
+
+    held = [_UIDS.acquire() for _ in range(3)]
+    try:
+        code = "from executor.sandbox import _UIDS; print(*[_UIDS.acquire() for _ in range(3)])"
+        out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        theirs = [int(uid) for uid in out.stdout.split()]
+        assert len(set(theirs)) == 3 and not set(theirs) & set(held), (held, theirs)
+    finally:
+        for uid in held:
+            _UIDS.release(uid)
+    again = [_UIDS.acquire() for _ in range(6)]
+    for uid in again:
+        _UIDS.release(uid)
+    assert set(theirs) <= set(again)
+
+
+def test_uid_lock_folder_that_others_can_write_is_refused(tmp_path):
+    from executor.sandbox import _UidPool
+
+    folder = tmp_path / "uids"
+    folder.mkdir()
+    folder.chmod(0o777)
+    with pytest.raises(RuntimeError, match=f"sandbox uid locks: {folder} must be a directory owned by uid"):
+        _UidPool(UID_BASE, 4, folder).acquire()

@@ -49,7 +49,7 @@ def make_batch(vocab: int) -> dict[str, np.ndarray]:
 def _train_only_norm_scales(model: nnx.Module) -> None:
     """Mark the decoder layers' norm scales [L, D] as the only trainable leaves (`split_trainable` trains
     `LoraParam`s and freezes the rest): their gradient needs the activation gradient at every layer."""
-    for name, value in vars(model.layers).items():
+    for name, value in list(vars(model.layers).items()):
         if name.endswith("norm_d") and isinstance(value, nnx.Param):
             setattr(model.layers, name, LoraParam(value[...], **value.get_metadata()))
 

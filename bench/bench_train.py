@@ -21,10 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-from models import checkpoint  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from models import checkpoint  # noqa: E402
 from models.lora import LoraConfig, LoraParam, add_lora  # noqa: E402
 from models.pretrained import GGUF_NAME, smollm2_checkpoint, smollm2_gguf_path  # noqa: E402
 from rljax import batching  # noqa: E402

@@ -54,32 +54,34 @@ class _UidPool:
     process limit would reach into the other's run."""
 
     def __init__(self, base: int, count: int, lock_dir: Path):
-        self._free = list(range(base + count - 1, base - 1, -1))
+        self._uids = range(base, base + count)
         self._lock_dir = lock_dir
-        self._held: dict[int, int] = {}
+        self._held: dict[int, int] = {}  # uid -> the descriptor whose flock holds it
         self._cond = threading.Condition()
 
     def acquire(self) -> int:
         with self._cond:
-            if not self._held:
-                _private_dir(self._lock_dir)
+            _private_dir(self._lock_dir)
             while True:
-                for uid in reversed(self._free):
-                    fd = os.open(self._lock_dir / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:  # another process runs a program as this uid
-                        os.close(fd)
-                        continue
-                    self._free.remove(uid)
-                    self._held[uid] = fd
-                    return uid
+                for uid in self._uids:
+                    if uid not in self._held and self._lock(uid):
+                        return uid
                 self._cond.wait(0.05)  # all taken here or by other processes: one of them frees a uid
+
+    def _lock(self, uid: int) -> bool:
+        """Take `uid` if no process (this one included) holds its flock."""
+        fd = os.open(self._lock_dir / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process runs a program as this uid
+            os.close(fd)
+            return False
+        self._held[uid] = fd
+        return True
 
     def release(self, uid: int) -> None:
         with self._cond:
             os.close(self._held.pop(uid))  # closing the only descriptor drops the lock
-            self._free.append(uid)
             self._cond.notify()
 
 

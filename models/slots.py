@@ -36,6 +36,7 @@ from flax import nnx
 
 from models.llama import KVCache
 from models.sampler import Layers, _append_tokens, _constrain_cache, _maybe_mesh, _pick, _Static
+from models.sharding import host_array
 
 
 @flax.struct.dataclass
@@ -210,4 +211,4 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slo
 
 def host_rows(state: SlotState) -> dict[str, np.ndarray]:
     """The per-slot bookkeeping the host schedules with (small arrays; the cache stays on the device)."""
-    return {name: np.asarray(getattr(state, name)) for name in ("fill_b", "last_b", "live_b", "count_b")}
+    return {name: host_array(getattr(state, name)) for name in ("fill_b", "last_b", "live_b", "count_b")}

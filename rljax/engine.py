@@ -10,10 +10,14 @@ The loop, on one host:
    decoding the others while it scores them.
 The device waits on the executor only when no slot is live and nothing can be admitted (`score_wait_s`).
 
+Multi-host: every process runs this loop over the whole batch (the prompts gathered from every process, in
+process order) and issues the same device calls. A process scores only its own dialogs' answers; between two
+decode calls the processes exchange which of their dialogs were settled (and the ids of their next turns), so
+they take the same scheduling decisions, and each returns its own dialogs' trajectories.
+
 A dialog's tokens depend only on the dialog: dialog i samples the token at position p with the key
 fold_in(fold_in(key, i), p), whatever slot it got and whatever order the scores arrived in. Recorded per dialog
 exactly as `rljax.rollout.RolloutRunner` records it (the same `Trajectory`), so the learner sees no difference.
-Runs in one process (the scheduling follows this host's executor); multi-host runs use the chunked rollout.
 """
 from __future__ import annotations
 
@@ -29,13 +33,15 @@ import numpy as np
 from executor.pool import ExecutorPool
 from models.llama import KVCache
 from models.sampler import FINISH_EOS, FINISH_LENGTH, Completion, Sampler, SamplingParams, attention_window
-from models.sharding import batch_sharding
+from models.sharding import batch_sharding, host_array
 from models.slots import SlotState, admit, decode, host_rows
 from rljax.dialog import DialogCodec
+from rljax.distributed import allgather_objects, gather_rows
 from rljax.envs.base import Env, Episode
 from rljax.rollout import RolloutRunner, RolloutStats, Trajectory
 
 FREE, LIVE, SCORING = "free", "live", "scoring"
+POLL_S = 0.02  # multi-host: how often the processes, all idle, check whether any score came back
 
 
 class SlotRolloutRunner(RolloutRunner):
@@ -50,8 +56,6 @@ class SlotRolloutRunner(RolloutRunner):
             raise ValueError(f"rollout.slots must be >= 1, got {num_slots}")
         if check_every < 1:
             raise ValueError(f"rollout.check_every must be >= 1, got {check_every}")
-        if jax.process_count() > 1:
-            raise ValueError("config.rollout.engine: 'slots' runs in one process; use 'chunks' for a multi-host run")
         if sampling.stop_strings:
             raise ValueError("rollout.engine 'slots' ends answers on stop ids only; stop strings need the "
                              "'chunks' engine")
@@ -64,8 +68,11 @@ class SlotRolloutRunner(RolloutRunner):
         started = time.perf_counter()
         stats = RolloutStats()
         trajectories = [Trajectory(name, group) for name, group in zip(names, groups)]
+        local_prompts = [self.codec.prompt_ids(episode.messages) for episode in episodes]
+        every, offset = gather_rows(list(zip(local_prompts, names)))  # dialog i of the whole batch: every[i]
+        mine = range(offset, offset + len(episodes))
         model = self.sampler.model
-        slots = min(self.num_slots, len(episodes))
+        slots = min(self.num_slots, len(every))
         cache = self.sampler.place_cache(KVCache.init(model.config, slots, self.cache_capacity,
                                                       self.sampler.cache_dtype))
         state = SlotState.init(cache, self.sampling.max_new_tokens)
@@ -74,40 +81,40 @@ class SlotRolloutRunner(RolloutRunner):
         static = self.sampler._static(self.sampling)
         granule = self._decode_granule(slots)
         owner, phase = [-1] * slots, [FREE] * slots
-        scoring: dict[int, cf.Future] = {}
-        waiting = collections.deque(range(len(episodes)))
+        scoring: dict[int, cf.Future] = {}  # slot -> the score of this process's dialog in it
+        waiting = collections.deque(range(len(every)))
         rows = host_rows(state)
         while True:
             admissions: list[tuple[int, list[int], bool]] = []  # (slot, ids, new dialog)
-            ready = [b for b, future in scoring.items() if future.done()]
+            settled = self._settle(scoring, owner, offset, episodes, trajectories, rows, stats)
             can_start = bool(waiting) and FREE in phase
-            if not ready and scoring and not can_start and LIVE not in phase:  # the device has nothing to do
+            if not settled and SCORING in phase and not can_start and LIVE not in phase:  # nothing to do
                 t0 = time.perf_counter()
-                cf.wait(list(scoring.values()), return_when=cf.FIRST_COMPLETED)
+                while not settled:
+                    if scoring:
+                        cf.wait(list(scoring.values()), return_when=cf.FIRST_COMPLETED,
+                                timeout=None if jax.process_count() == 1 else POLL_S)
+                    settled = self._settle(scoring, owner, offset, episodes, trajectories, rows, stats)
                 stats.score_wait_s += time.perf_counter() - t0
-                ready = [b for b, future in scoring.items() if future.done()]
-            for b in sorted(ready):
-                i = owner[b]
-                self._take_result(trajectories[i], scoring.pop(b).result(), stats)
-                room = self.cache_capacity - int(rows["fill_b"][b]) - self.sampling.max_new_tokens
-                ids = self._next_turn(episodes[i], trajectories[i], room, stats)
-                if ids is None:
+            for b in sorted(settled):
+                if settled[b] is None:
                     owner[b], phase[b] = -1, FREE
                 else:
-                    admissions.append((b, [int(rows["last_b"][b])] + ids, False))
+                    admissions.append((b, [int(rows["last_b"][b])] + settled[b], False))
             for b in range(slots):
                 if phase[b] == FREE and waiting:
                     i = waiting.popleft()
-                    prompt = self.codec.prompt_ids(episodes[i].messages)
+                    prompt, name = every[i]
                     if len(prompt) + self.sampling.max_new_tokens > self.cache_capacity:
                         raise ValueError(f"rollout.cache_capacity ({self.cache_capacity}) is too small for dialog "
-                                         f"{names[i]!r}: its prompt ({len(prompt)} tokens) and max_new_tokens "
+                                         f"{name!r}: its prompt ({len(prompt)} tokens) and max_new_tokens "
                                          f"({self.sampling.max_new_tokens})")
-                    trajectories[i].append(prompt, sampled=False)
+                    if i in mine:
+                        trajectories[i - offset].append(prompt, sampled=False)
                     owner[b] = i
                     admissions.append((b, prompt, True))
             if not admissions and LIVE not in phase:
-                if not scoring and not waiting:
+                if SCORING not in phase and not waiting:
                     break
                 continue
             t0 = time.perf_counter()
@@ -131,17 +138,35 @@ class SlotRolloutRunner(RolloutRunner):
             stats.generate_s += time.perf_counter() - t0
             finished = [b for b in range(slots) if phase[b] == LIVE and not rows["live_b"][b]]
             if finished:
-                tokens, logprobs, entropies = (np.asarray(x) for x in (state.tokens_bn, state.logprobs_bn,
+                tokens, logprobs, entropies = (host_array(x) for x in (state.tokens_bn, state.logprobs_bn,
                                                                         state.entropy_bn))
                 for b in finished:
+                    phase[b] = SCORING
+                    if owner[b] not in mine:  # another process scores it
+                        continue
                     n = int(rows["count_b"][b])
                     ids = tokens[b, :n].tolist()
                     reason = FINISH_EOS if ids and ids[-1] in self.sampling.stop_ids else FINISH_LENGTH
                     completion = Completion(ids, logprobs[b, :n].copy(), None, reason, entropies[b, :n].copy())
-                    scoring[b] = self._record_answer(owner[b], completion, episodes, trajectories, stats)
-                    phase[b] = SCORING
+                    scoring[b] = self._record_answer(owner[b] - offset, completion, episodes, trajectories, stats)
         stats.total_s = time.perf_counter() - started
         return trajectories, stats
+
+    def _settle(self, scoring: dict[int, cf.Future], owner: list[int], offset: int, episodes: Sequence[Episode],
+                trajectories: list[Trajectory], rows: dict[str, np.ndarray], stats: RolloutStats
+                ) -> dict[int, list[int] | None]:
+        """{slot: the ids of its dialog's next turn, or None when the dialog is over} for every slot whose score
+        came back, on this process or (multi-host) on any: each process settles its own dialogs (their results
+        and next turns go into its trajectories) and the processes exchange what they settled."""
+        settled: dict[int, list[int] | None] = {}
+        for b in sorted(b for b, future in scoring.items() if future.done()):
+            i = owner[b] - offset
+            self._take_result(trajectories[i], scoring.pop(b).result(), stats)
+            room = self.cache_capacity - int(rows["fill_b"][b]) - self.sampling.max_new_tokens
+            settled[b] = self._next_turn(episodes[i], trajectories[i], room, stats)
+        if jax.process_count() == 1:
+            return settled
+        return {b: ids for part in allgather_objects(settled) for b, ids in part.items()}
 
     def _decode_granule(self, slots: int) -> int:
         """Decode calls compute a multiple of this many rows: slots / decode_sizes, rounded up to the mesh's

@@ -54,7 +54,7 @@ def base_config() -> ConfigDict:
         "problems_per_step": 8, "samples_per_problem": 1, "max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0,
         "top_k": 0, "cache_capacity": 4096, "length_bucket": 64, "num_chunks": 2, "executor_workers": 0,
         # engine: chunks (rljax.rollout: the batch in num_chunks lockstep chunks) | slots (rljax.engine: every live
-        # dialog in one decode batch of `slots` slots, 0 = all dialogs, refilled as turns end; one process only;
+        # dialog in one decode batch of `slots` slots, 0 = all dialogs of the batch, refilled as turns end;
         # a decode call computes only the live slots, rounded up to one of `decode_sizes` batch sizes)
         "engine": "chunks", "slots": 0, "check_every": 16, "decode_sizes": 4,
         # replicate_weights: each rollout call copies the weights whole onto every data/fsdp shard (split over

@@ -191,8 +191,10 @@ class Trainer:
         if round_index:
             key = jax.random.fold_in(key, round_index)
         trajectories, stats = self.rollouts.run(episodes, groups, names, key)
-        if jax.process_count() > 1:  # every host computes the advantages of the whole batch
-            trajectories = [t for part in distributed.allgather_objects(trajectories) for t in part]
+        if jax.process_count() > 1:  # every host computes the advantages of the whole batch and counts its dialogs
+            parts = distributed.allgather_objects((trajectories, stats.context_full, stats.executor_errors))
+            trajectories = [t for part, _, _ in parts for t in part]
+            stats.context_full, stats.executor_errors = (sum(p[k] for p in parts) for k in (1, 2))
         return trajectories, stats
 
     def _dynamic_sampling(self, trajectories: list[Trajectory], stats: RolloutStats

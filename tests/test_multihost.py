@@ -1,6 +1,6 @@
 """Multi-host training with two local `jax.distributed` processes (gloo collectives on CPU), each with 4
-simulated devices, against one process with 8: same GRPO metrics step by step, and a checkpoint written by the
-two processes resumes on one."""
+simulated devices, against one process with 8: same GRPO metrics step by step, on the chunked rollout and on the
+slots engine, and a checkpoint written by the two processes resumes on one."""
 import json
 import os
 import shutil
@@ -25,8 +25,8 @@ def _result(stdout: str) -> list[dict]:
     return json.loads(lines[0][len("RESULT "):])
 
 
-def _single(workdir: Path, steps: int) -> list[dict]:
-    proc = subprocess.run(RUN + [str(workdir), str(steps)], cwd=REPO, env=_env(8), capture_output=True, text=True,
+def _single(workdir: Path, steps: int, engine: str = "chunks", devices: int = 8) -> list[dict]:
+    proc = subprocess.run(RUN + [str(workdir), str(steps), engine], cwd=REPO, env=_env(devices), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _result(proc.stdout)
@@ -38,9 +38,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_processes(workdir: Path, steps: int) -> list[dict]:
+def _two_processes(workdir: Path, steps: int, engine: str = "chunks", devices_each: int = 4) -> list[dict]:
     port = _free_port()
-    procs = [subprocess.Popen(RUN + [str(workdir), str(steps), str(i), "2", str(port)], cwd=REPO, env=_env(4),
+    procs = [subprocess.Popen(RUN + [str(workdir), str(steps), engine, str(i), "2", str(port)], cwd=REPO,
+                              env=_env(devices_each),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     outputs = []
     try:
@@ -77,3 +78,16 @@ def test_two_processes_match_one_and_checkpoint_restores_on_one(tmp_path):
     after = _single(resumed, 3)
     assert [r["step"] for r in after] == [3]
     _assert_same(reference[2], after[0])
+
+
+def test_slots_engine_on_two_processes_matches_one(tmp_path):
+    """The slots engine (dialogs of up to 3 turns with feedback, some ending as context_full, 4 slots refilled
+    over the 16 dialogs of a step) on two processes of one device each, the second of which scores its answers
+    later, samples, counts and learns what one process with two devices does."""
+    reference = _single(tmp_path / "one", 2, "slots", devices=2)
+    multi = _two_processes(tmp_path / "two", 2, "slots", devices_each=1)
+    assert [r["processes"] for r in multi] == [2, 2] and multi[0]["devices"] == 2
+    assert all(r["turns/mean"] > 2 for r in reference)  # feedback turns were prefilled into refilled slots
+    assert reference[0]["rollout/context_full"] > 0  # counted over both processes' dialogs below
+    for a, b in zip(reference, multi):
+        _assert_same(a, b)

@@ -100,6 +100,23 @@ def _rows_of(cache: KVCache, rows_a: jax.Array, window: int) -> KVCache:
                    _take_rows(cache.valid_bs, rows_a, {1: window}), cache.index)
 
 
+def _window(cache: KVCache, window: int) -> KVCache:
+    """Every row's first `window` columns: a static slice that each shard takes of its own rows."""
+    if window == cache.length:
+        return cache
+    return KVCache(tuple(k[..., :window] for k in cache.k_bkhs), tuple(v[:, :, :window] for v in cache.v_bksh),
+                   cache.valid_bs[:, :window], cache.index)
+
+
+def _put_window(full: KVCache, part: KVCache) -> KVCache:
+    """`part` (every row's first columns) written over the same columns of `full` (in place when donated)."""
+    if part.length == full.length:
+        return part
+    put = lambda f, p: jax.lax.dynamic_update_slice(f, p, (0,) * f.ndim)  # noqa: E731
+    return KVCache(tuple(map(put, full.k_bkhs, part.k_bkhs)), tuple(map(put, full.v_bksh, part.v_bksh)),
+                   put(full.valid_bs, part.valid_bs), full.index)
+
+
 def _copy_columns(full: KVCache, part: KVCache, source_a: jax.Array, row_a: jax.Array, first_a: jax.Array,
                   count_a: jax.Array, width: int) -> KVCache:
     """Columns [first_a[a], first_a[a] + count_a[a]) (count <= `width`) of `part`'s row source_a[a] written over
@@ -169,7 +186,7 @@ _ROW_FIELDS = ("fill_b", "last_b", "position_b", "sequence_b", "live_b", "count_
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window", "steps"),
                    donate_argnames=("state",))
-def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SlotState, rows_c: jax.Array,
+def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SlotState, rows_c: jax.Array | None,
            key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any, window: int,
            steps: int) -> SlotState:
     """Up to `steps` decode steps of the live slots among `rows_c` ([C] slot indices; an index past the batch
@@ -178,12 +195,19 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slo
 
     Only the C named rows are computed: decode costs C rows per step whatever the number of slots, so the host
     names the live ones (rounded up to a few sizes) and idle slots cost nothing. Their first `window` columns
-    are gathered once per call, and only the columns the loop wrote are put back."""
+    are gathered once per call, and only the columns the loop wrote are put back.
+
+    rows_c None: every slot is computed, each shard on its own rows. On a mesh that splits the slots, gathering
+    named rows would gather every shard's cache onto every chip (XLA's partitioner cannot know the indices stay
+    on their shard); here the first `window` columns are a static slice, and they are written back whole."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
-        rows = state.replace(cache=_rows_of(state.cache, rows_c, window),
-                             **{name: _take_rows(getattr(state, name), rows_c) for name in _ROW_FIELDS})
-        rows = rows.replace(live_b=rows.live_b & (rows_c < state.fill_b.shape[0]))
+        if rows_c is None:
+            rows = state.replace(cache=_window(state.cache, window))
+        else:
+            rows = state.replace(cache=_rows_of(state.cache, rows_c, window),
+                                 **{name: _take_rows(getattr(state, name), rows_c) for name in _ROW_FIELDS})
+            rows = rows.replace(live_b=rows.live_b & (rows_c < state.fill_b.shape[0]))
 
         def cond(carry: tuple[jax.Array, SlotState]) -> jax.Array:
             step, s = carry
@@ -202,6 +226,8 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slo
             return step + 1, _record(s, live, token, logprob, entropy, static)
 
         _, done = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), rows))
+        if rows_c is None:
+            return done.replace(cache=_constrain_cache(_put_window(state.cache, done.cache)))
         cache = _copy_columns(state.cache, done.cache, jnp.arange(rows_c.shape[0]), rows_c, rows.fill_b,
                               done.fill_b - rows.fill_b, steps)
         put = lambda full, part: full.at[rows_c].set(part, mode="drop")  # noqa: E731

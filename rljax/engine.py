@@ -40,7 +40,7 @@ from rljax.distributed import allgather_objects, gather_rows
 from rljax.envs.base import Env, Episode
 from rljax.rollout import RolloutRunner, RolloutStats, Trajectory
 
-FREE, LIVE, SCORING = "free", "live", "scoring"
+FREE, LIVE, SCORING, RESUMING = "free", "live", "scoring", "resuming"  # RESUMING: its next turn waits to be admitted
 POLL_S = 0.02  # multi-host: how often the processes, all idle, check whether any score came back
 
 
@@ -50,7 +50,8 @@ class SlotRolloutRunner(RolloutRunner):
     refills_slots = True
 
     def __init__(self, sampler: Sampler, codec: DialogCodec, env: Env, pool: ExecutorPool, sampling: SamplingParams,
-                 cache_capacity: int, num_slots: int, check_every: int = 16, decode_sizes: int = 4):
+                 cache_capacity: int, num_slots: int, check_every: int = 16, decode_sizes: int = 4,
+                 admit_rows: int = 0):
         super().__init__(sampler, codec, env, pool, sampling, cache_capacity)
         if num_slots < 1:
             raise ValueError(f"rollout.slots must be >= 1, got {num_slots}")
@@ -61,7 +62,10 @@ class SlotRolloutRunner(RolloutRunner):
                              "'chunks' engine")
         if decode_sizes < 1:
             raise ValueError(f"rollout.decode_sizes must be >= 1, got {decode_sizes}")
+        if admit_rows < 0:
+            raise ValueError(f"rollout.admit_rows must be >= 0, got {admit_rows}")
         self.num_slots, self.check_every, self.decode_sizes = num_slots, check_every, decode_sizes
+        self.admit_rows = admit_rows
 
     def run(self, episodes: Sequence[Episode], groups: Sequence[int], names: Sequence[str], key: jax.Array
             ) -> tuple[list[Trajectory], RolloutStats]:
@@ -80,14 +84,16 @@ class SlotRolloutRunner(RolloutRunner):
         temperature, top_p = self.sampler._scalars(self.sampling)
         static = self.sampler._static(self.sampling)
         granule = self._decode_granule(slots)
+        compact = self._slot_shards(slots) == 1  # split slots: every shard decodes its own rows (models.slots)
         owner, phase = [-1] * slots, [FREE] * slots
         scoring: dict[int, cf.Future] = {}  # slot -> the score of this process's dialog in it
         waiting = collections.deque(range(len(every)))
+        resuming: collections.deque[tuple[int, list[int]]] = collections.deque()  # (slot, next turn's ids)
         rows = host_rows(state)
         while True:
             admissions: list[tuple[int, list[int], bool]] = []  # (slot, ids, new dialog)
             settled = self._settle(scoring, owner, offset, episodes, trajectories, rows, stats)
-            can_start = bool(waiting) and FREE in phase
+            can_start = bool(resuming) or (bool(waiting) and FREE in phase)
             if not settled and SCORING in phase and not can_start and LIVE not in phase:  # nothing to do
                 t0 = time.perf_counter()
                 while not settled:
@@ -100,11 +106,23 @@ class SlotRolloutRunner(RolloutRunner):
                 if settled[b] is None:
                     owner[b], phase[b] = -1, FREE
                 else:
-                    admissions.append((b, [int(rows["last_b"][b])] + settled[b], False))
+                    resuming.append((b, [int(rows["last_b"][b])] + settled[b]))
+                    phase[b] = RESUMING
+            budget = self.admit_rows or slots  # segments one admission may prefill
+            while resuming and budget:
+                admissions.append(resuming.popleft() + (False,))
+                budget -= 1
+            prompts_in: set[tuple[int, ...]] = set()  # the new dialogs' distinct prompts (a group shares one)
             for b in range(slots):
                 if phase[b] == FREE and waiting:
-                    i = waiting.popleft()
+                    i = waiting[0]
                     prompt, name = every[i]
+                    if tuple(prompt) not in prompts_in:
+                        if not budget:
+                            break
+                        prompts_in.add(tuple(prompt))
+                        budget -= 1
+                    waiting.popleft()
                     if len(prompt) + self.sampling.max_new_tokens > self.cache_capacity:
                         raise ValueError(f"rollout.cache_capacity ({self.cache_capacity}) is too small for dialog "
                                          f"{name!r}: its prompt ({len(prompt)} tokens) and max_new_tokens "
@@ -127,14 +145,16 @@ class SlotRolloutRunner(RolloutRunner):
             if live.any():
                 window = attention_window(min(int(rows["fill_b"][live].max()) + self.check_every,
                                               self.cache_capacity), self.cache_capacity)
-                rows_c = self._decode_rows(np.flatnonzero(live), slots, granule)
-                state = decode(*weights, state, jnp.asarray(rows_c), key, temperature, top_p, static=static,
-                               mesh_rules=self.sampler._mesh_rules, window=window, steps=self.check_every)
+                rows_c = self._decode_rows(np.flatnonzero(live), slots, granule) if compact else None
+                state = decode(*weights, state, None if rows_c is None else jnp.asarray(rows_c), key, temperature,
+                               top_p, static=static, mesh_rules=self.sampler._mesh_rules, window=window,
+                               steps=self.check_every)
+                computed = slots if rows_c is None else len(rows_c)
                 before, rows = rows["count_b"], host_rows(state)
                 steps = int((rows["count_b"] - before)[live].max())
                 stats.decode_steps += steps
-                stats.decode_slot_steps += steps * len(rows_c)
-                stats.decode_kv_slots_read += steps * len(rows_c) * window
+                stats.decode_slot_steps += steps * computed
+                stats.decode_kv_slots_read += steps * computed * window
             stats.generate_s += time.perf_counter() - t0
             finished = [b for b in range(slots) if phase[b] == LIVE and not rows["live_b"][b]]
             if finished:
@@ -169,13 +189,16 @@ class SlotRolloutRunner(RolloutRunner):
         return {b: ids for part in allgather_objects(settled) for b, ids in part.items()}
 
     def _decode_granule(self, slots: int) -> int:
-        """Decode calls compute a multiple of this many rows: slots / decode_sizes, rounded up to the mesh's
-        batch shards, so a run compiles at most `decode_sizes` batch sizes per window."""
-        shards = 1
-        if self.sampler._mesh_rules is not None:
-            mesh, rules = self.sampler._mesh_rules
-            shards = slots // batch_sharding(mesh, 1, rules, batch_size=slots).shard_shape((slots,))[0]
-        return -(-max(1, -(-slots // self.decode_sizes)) // shards) * shards
+        """Decode calls compute a multiple of this many rows, slots / decode_sizes, so a run compiles at most
+        `decode_sizes` batch sizes per window."""
+        return max(1, -(-slots // self.decode_sizes))
+
+    def _slot_shards(self, slots: int) -> int:
+        """How many shards the mesh splits the slots over (1 without a mesh)."""
+        if self.sampler._mesh_rules is None:
+            return 1
+        mesh, rules = self.sampler._mesh_rules
+        return slots // batch_sharding(mesh, 1, rules, batch_size=slots).shard_shape((slots,))[0]
 
     @staticmethod
     def _decode_rows(live: np.ndarray, slots: int, granule: int) -> np.ndarray:
@@ -228,5 +251,5 @@ def rollout_runner(config: object, sampler: Sampler, codec: DialogCodec, env: En
     r = config.rollout
     if r.engine == "slots":
         return SlotRolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.slots or dialogs,
-                                 r.check_every, r.decode_sizes)
+                                 r.check_every, r.decode_sizes, r.admit_rows)
     return RolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.num_chunks)

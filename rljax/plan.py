@@ -194,7 +194,8 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
     cache_rows = min(r.slots or dialogs, dialogs) if slots else dialogs
     comp["KV cache (all dialogs)"] = _split(cache_rows, batch_ways) * r.cache_capacity * (
         2 * arch.num_layers * kv_dev * arch.head_dim * a + 1)
-    chunk_dev = _split(cache_rows if slots else math.ceil(dialogs / r.num_chunks), batch_ways)
+    prefill_rows = min(cache_rows, r.admit_rows or cache_rows) if slots else math.ceil(dialogs / r.num_chunks)
+    chunk_dev = _split(prefill_rows, batch_ways)
     width = prefill_tokens or min(r.cache_capacity - r.max_new_tokens, 2048)
     heads_dev = _split(arch.num_heads, tensor)
     comp["prefill attention (one chunk)"] = chunk_dev * (
@@ -218,7 +219,7 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
         f"mesh data={sizes['data']} fsdp={sizes['fsdp']} tensor={sizes['tensor']} on {topology.devices} devices",
         f"{dialogs} dialogs per step, cache {r.cache_capacity} tokens each, "
         + (f"{cache_rows} rollout slots" if slots else f"{r.num_chunks} rollout chunks"),
-        f"prefill of {width} new tokens against the full cache",
+        f"prefill of {prefill_rows} rows x {width} new tokens against the full cache",
         "sampler weights " + ("replicated over data/fsdp (rollout.replicate_weights)" if r.replicate_weights
                               else "in the training layout (gathered per decode step)"),
         f"update: {config.train.micro_batches} micro-batches of {dialogs // config.train.micro_batches} dialogs "

@@ -55,8 +55,9 @@ def base_config() -> ConfigDict:
         "top_k": 0, "cache_capacity": 4096, "length_bucket": 64, "num_chunks": 2, "executor_workers": 0,
         # engine: chunks (rljax.rollout: the batch in num_chunks lockstep chunks) | slots (rljax.engine: every live
         # dialog in one decode batch of `slots` slots, 0 = all dialogs of the batch, refilled as turns end;
-        # a decode call computes only the live slots, rounded up to one of `decode_sizes` batch sizes)
-        "engine": "chunks", "slots": 0, "check_every": 16, "decode_sizes": 4,
+        # a decode call computes only the live slots, rounded up to one of `decode_sizes` batch sizes; one admission
+        # prefills at most `admit_rows` prompts and turns, 0 = no cap: the rest wait for the next one)
+        "engine": "chunks", "slots": 0, "check_every": 16, "decode_sizes": 4, "admit_rows": 0,
         # replicate_weights: each rollout call copies the weights whole onto every data/fsdp shard (split over
         # tensor only), so decode steps read local weights instead of gathering them over the mesh every step
         "replicate_weights": True})
@@ -116,7 +117,7 @@ POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_pro
             "train.seq_bucket", "train.vocab_chunk", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs",
             "eval.samples_per_problem", "eval.batch_dialogs", "eval.bootstrap_resamples", "warmup.batch",
             "warmup.micro_batches", "rollout.check_every", "rollout.decode_sizes")
-NON_NEGATIVE = ("log.samples_per_step", "warmup.steps", "rollout.slots", "env.test_cache_mb")
+NON_NEGATIVE = ("log.samples_per_step", "warmup.steps", "rollout.slots", "rollout.admit_rows", "env.test_cache_mb")
 
 
 def _get(config: ConfigDict, dotted: str) -> Any:

@@ -300,7 +300,8 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     rows_of = jax.tree.map(lambda x: batch_sharding(mesh, len(x.shape), batch_size=x.shape[0]),
                            state.replace(cache=None))  # every other field is [slots, ...]
     state = _sharded(state, rows_of.replace(cache=cache_shardings(state.cache, mesh)))
-    segments = min(1 << (math.ceil(slots / r.samples_per_problem) - 1).bit_length(), slots)
+    prompts = min(math.ceil(slots / r.samples_per_problem), r.admit_rows or slots)
+    segments = min(1 << (prompts - 1).bit_length(), slots)
     width = min(1 << (width - 1).bit_length(), r.cache_capacity)
     args = (rows((segments, width), jnp.int32), rows((segments,), jnp.int32), rows((segments,), jnp.int32),
             rows((segments,), jnp.bool_), rows((slots,), jnp.int32), rows((slots,), jnp.int32),
@@ -310,8 +311,10 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
                                     window=window))
     state = _sharded(jax.eval_shape(lambda *a: admit(*a, static=static, mesh_rules=mesh_rules, window=window),
                                     *weights, state, *args, *sampling), admitted.compiled.output_shardings)
-    decoded = _compile(decode.lower(*weights, state, rows((slots,), jnp.int32), *sampling, static=static,
-                                    mesh_rules=mesh_rules, window=r.cache_capacity, steps=r.check_every))
+    split = batch_sharding(mesh, 1, batch_size=slots).shard_shape((slots,))[0] < slots
+    named = None if split else rows((slots,), jnp.int32)  # as rljax.engine: every slot where the mesh splits them
+    decoded = _compile(decode.lower(*weights, state, named, *sampling, static=static, mesh_rules=mesh_rules,
+                                    window=r.cache_capacity, steps=r.check_every))
     return [_phase(f"engine admit ({segments} prompts x {width} tokens -> {slots} slots)", admitted),
             _phase(f"engine decode ({slots} slots, {r.cache_capacity}-slot window)", decoded)]
 

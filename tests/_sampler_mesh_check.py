@@ -1,7 +1,7 @@
 """Run under XLA_FLAGS=--xla_force_host_platform_device_count=8: greedy tokens on 1 device vs a data=2 x fsdp=2 x
 tensor=2 mesh, for a first turn and a continuation from the cache (with the sampler's weights replicated over
 data/fsdp, and in the training layout), and for decode slots (models.slots) admitted at different times; the
-weight-sized all-gathers in the compiled decode loop of each layout."""
+weight-sized all-gathers in the compiled decode loop of each layout and in the slots' decode."""
 import json
 import math
 import re
@@ -25,9 +25,10 @@ def run(sampler, prompts):
     return [c.token_ids for c in first], [c.token_ids for c in more], state
 
 
-def run_slots(sampler, prompts):
-    """Slots 0-4 admitted first, 4 decode steps of those rows alone, then slots 5-7 and all rows; greedy to 12
-    tokens each."""
+def run_slots(sampler, prompts, compact=True):
+    """Slots 0-4 admitted first, 4 decode steps of those rows alone (`compact`: the decode computes those rows
+    only; else every slot, as the engine does on a mesh that splits them), then slots 5-7 and all rows; greedy
+    to 12 tokens each. Also the compiled decode of the first call."""
     sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
     weights, static = sampler._weights(), sampler._static(sampling)
     state = slots.SlotState.init(sampler._place(KVCache.init(sampler.model.config, 8, 128)), 12)
@@ -42,14 +43,28 @@ def run_slots(sampler, prompts):
                            jnp.ones(8, bool), jnp.asarray(slot), jnp.arange(8), jnp.asarray(slot % 8),
                            jax.random.key(0), *one, static=static, mesh_rules=sampler._mesh_rules, window=128)
 
-    def decode(state, rows, steps):
-        return slots.decode(*weights, state, jnp.asarray(rows, jnp.int32), jax.random.key(0), *one, static=static,
-                            mesh_rules=sampler._mesh_rules, window=128, steps=steps)
+    def decode(state, rows, steps, run=True):
+        call = slots.decode if run else slots.decode.lower
+        return call(*weights, state, None if rows is None else jnp.asarray(rows, jnp.int32), jax.random.key(0),
+                    *one, static=static, mesh_rules=sampler._mesh_rules, window=128, steps=steps)
 
-    state = decode(admit(state, range(5)), [0, 1, 2, 3, 4, 8], 4)  # only the live rows, one padding row
-    state = decode(admit(state, range(5, 8)), range(8), 100)
+    state = admit(state, range(5))
+    first_rows = [0, 1, 2, 3, 4, 8] if compact else None  # only the live rows and one padding row, or all
+    hlo = decode(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state),
+                 first_rows, 4, run=False).compile().as_text()
+    state = decode(state, first_rows, 4)
+    state = decode(admit(state, range(5, 8)), range(8) if compact else None, 100)
     rows = slots.host_rows(state)
-    return [np.asarray(state.tokens_bn)[b, :rows["count_b"][b]].tolist() for b in range(8)]
+    tokens = [np.asarray(state.tokens_bn)[b, :rows["count_b"][b]].tolist() for b in range(8)]
+    return tokens, large_gathers(hlo, "gather|all-gather")
+
+
+def large_gathers(hlo: str, ops: str = "all-gather") -> int:
+    """`ops` (all-gathers; or gathers too) of at least 1024 elements in a compiled program: the tiny model's
+    smallest weight, [64, 16], and a cache layer's rows are larger; per-row bookkeeping such as [8] flags,
+    [8, 12] tokens or one token's [8, 1, 1, 16] query is not."""
+    shapes = re.findall(rf"= [a-z0-9]+\[([0-9,]*)\][^=]* (?:{ops})(?:-start)?\(", hlo)
+    return sum(math.prod(int(d) for d in shape.split(",") if d) >= 1024 for shape in shapes)
 
 
 def decode_weight_gathers(sampler, state) -> int:
@@ -59,11 +74,9 @@ def decode_weight_gathers(sampler, state) -> int:
     weights = sampler._weights()
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
-    text = _decode.lower(*weights, abstract, jnp.int32(12), jax.random.key(0), jnp.float32(1.0), jnp.float32(1.0),
-                         static=sampler._static(sampling), mesh_rules=sampler._mesh_rules, window=128
-                         ).compile().as_text()
-    shapes = re.findall(r"= [a-z0-9]+\[([0-9,]*)\][^=]* all-gather(?:-start)?\(", text)
-    return sum(math.prod(int(d) for d in shape.split(",") if d) >= 1024 for shape in shapes)
+    return large_gathers(_decode.lower(*weights, abstract, jnp.int32(12), jax.random.key(0), jnp.float32(1.0),
+                                       jnp.float32(1.0), static=sampler._static(sampling),
+                                       mesh_rules=sampler._mesh_rules, window=128).compile().as_text())
 
 
 def main() -> None:
@@ -84,7 +97,8 @@ def main() -> None:
                       "decode_weight_gathers": decode_weight_gathers(Sampler(sharded_model, mesh=mesh), state),
                       "decode_weight_gathers_training_layout": decode_weight_gathers(training_layout, state),
                       "single_slots": run_slots(Sampler(Llama(cfg, rngs=nnx.Rngs(0))), prompts),
-                      "sharded_slots": run_slots(Sampler(sharded_model, mesh=mesh), prompts)}))
+                      "sharded_slots": run_slots(Sampler(sharded_model, mesh=mesh), prompts, compact=False),
+                      "sharded_slots_compact": run_slots(Sampler(sharded_model, mesh=mesh), prompts)}))
 
 
 if __name__ == "__main__":

@@ -98,6 +98,29 @@ def test_a_group_sharing_a_prompt_is_prefilled_once_and_samples_as_one_slot_at_a
     assert len({tuple(t.tokens) for t in shared}) == 6  # same prompt, different answers
 
 
+def test_an_admission_prefills_at_most_admit_rows_segments_and_the_dialogs_sample_the_same(digit_model,
+                                                                                          monkeypatch):
+    """admit_rows 1 on 6 free slots: each admission prefills one segment (a group's shared prompt, or one
+    dialog's next turn) and the rest wait for the next; every dialog samples what it samples uncapped."""
+    sampling = SamplingParams(max_new_tokens=10, temperature=1.0, stop_ids=(toy.EOT,))
+    env = ScriptedEnv([2, 1, 3, 2, 3, 1], [(0.0,)] * 6, numbers=[41, 41, 41, 907, 907, 907])
+    segments: list[int] = []
+    admit = SlotRolloutRunner._admit
+
+    def counting(self, weights, state, admissions, *rest):
+        segments.append(len({tuple(ids) if new else ("turn", b) for b, ids, new in admissions}))
+        return admit(self, weights, state, admissions, *rest)
+
+    monkeypatch.setattr(SlotRolloutRunner, "_admit", counting)
+    free, _ = _run(SlotRolloutRunner, digit_model, env, 6, sampling, num_slots=6)
+    assert segments[0] == 2  # both groups' prompts at once
+    segments.clear()
+    capped, _ = _run(SlotRolloutRunner, digit_model, env, 6, sampling, num_slots=6, admit_rows=1)
+    assert set(segments) == {1} and len(segments) >= 2 + 6  # 2 prompts, 6 feedback turns
+    assert [t.tokens for t in capped] == [t.tokens for t in free]
+    assert [t.rewards for t in capped] == [t.rewards for t in free]
+
+
 def test_logprobs_equal_a_teacher_forced_pass_over_the_whole_dialog(digit_model):
     import jax.numpy as jnp
 

@@ -54,6 +54,9 @@ def test_parameter_and_cache_shards_are_exact():
     tiny.rollout.engine, tiny.rollout.slots = "slots", 8  # one cache of 8 slot rows (rljax.engine)
     slots = plan_memory(tiny, parse_topology(devices=1, hbm_gib=1))
     assert slots.components["KV cache (all dialogs)"] == cache_bytes // 4
+    tiny.rollout.admit_rows = 2  # one admission prefills 2 of the 8 slots' prompts
+    capped = plan_memory(tiny, parse_topology(devices=1, hbm_gib=1))
+    assert capped.components["prefill attention (one chunk)"] * 4 == slots.components["prefill attention (one chunk)"]
 
 
 @pytest.mark.parametrize("module,topology", [(rlef_llama3_1_8b, "v5p-64"), (rlef_llama3_1_70b, "v5p-256"),

@@ -28,6 +28,8 @@ def get_config():
     c.rollout.cache_capacity = 8192
     c.rollout.length_bucket = 256
     c.rollout.num_chunks = 4
+    # with --config.rollout.engine=slots: one chunk's prompts per admission (all 256 at once need 102 GB per chip)
+    c.rollout.admit_rows = 64
     c.train.micro_batches = 8  # one 8k-token dialog per chip per micro-batch
     c.train.seq_bucket = 512
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1

@@ -25,6 +25,7 @@ def get_config():
     c.rollout.cache_capacity = 16384
     c.rollout.length_bucket = 512
     c.rollout.num_chunks = 4
+    c.rollout.admit_rows = 8  # with --config.rollout.engine=slots: one chunk's prompts (x 16 answers) per admission
     c.algo.name = "grpo"
     c.algo.kl_placement = "loss"
     c.algo.kl_estimator = "k3"

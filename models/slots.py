@@ -133,12 +133,20 @@ def _copy_columns(full: KVCache, part: KVCache, source_a: jax.Array, row_a: jax.
     return KVCache(keys, values, full.valid_bs.at[dst, column_aw].set(True, mode="drop"), full.index)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window"),
+def _blank_rows(cache: KVCache, rows: int, window: int) -> KVCache:
+    """`rows` empty cache rows of `window` columns, laid out as `cache`'s (made in place, not gathered)."""
+    return _constrain_cache(KVCache(
+        tuple(jnp.zeros((rows,) + k.shape[1:3] + (window,), k.dtype) for k in cache.k_bkhs),
+        tuple(jnp.zeros((rows, v.shape[1], window, v.shape[3]), v.dtype) for v in cache.v_bksh),
+        jnp.zeros((rows, window), bool), cache.index))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window", "fresh"),
                    donate_argnames=("state",))
 def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SlotState, tokens_ut: jax.Array,
           length_u: jax.Array, row_u: jax.Array, reset_u: jax.Array, slot_a: jax.Array, source_a: jax.Array,
           sequence_a: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static,
-          mesh_rules: Any, window: int) -> SlotState:
+          mesh_rules: Any, window: int, fresh: bool = False) -> SlotState:
     """Prefill U segments and start A slots on them. Segment u is `tokens_ut[u, :length_u[u]]` (right-padded):
     with `reset_u`, a new sequence's prompt (a cleared row, from column and position 0); otherwise a
     continuation of slot `row_u[u]`'s row, starting with its pending token. Slot `slot_a[a]` (a slot index past
@@ -147,19 +155,27 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
     unchanged. Columns [0, window) hold every write.
 
     Cost: the U segments attend to their rows' first `window` columns (gathered once); only the segments' own
-    columns are written into the slots' rows."""
+    columns are written into the slots' rows. `fresh` (every segment a new sequence: `reset_u` all true) gathers
+    no rows: the segments start from blank rows (on a mesh that splits the slots, a gather of rows is an
+    all-gather of them onto every chip)."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         fill_u = jnp.where(reset_u, 0, state.fill_b[row_u])
         start_u = jnp.where(reset_u, 0, state.position_b[row_u])
         offsets = jnp.arange(tokens_ut.shape[1])[None, :]
         columns = jnp.where(offsets < length_u[:, None], fill_u[:, None] + offsets, window)
-        history = _rows_of(state.cache, row_u, window)
-        history = history.replace(valid_bs=history.valid_bs & ~reset_u[:, None])
+        if fresh:
+            history = _blank_rows(state.cache, tokens_ut.shape[0], window)
+        else:
+            history = _rows_of(state.cache, row_u, window)
+            history = history.replace(valid_bs=history.valid_bs & ~reset_u[:, None])
         h_utd, part = model.layers.with_row_cache(model.embed(tokens_ut), start_u[:, None] + offsets, columns,
                                                   history, layers)
         # what a new sequence's row held goes
-        kept = _take_rows(state.cache.valid_bs, slot_a) & ~reset_u[source_a][:, None]
+        if fresh:
+            kept = jnp.zeros((slot_a.shape[0], state.cache.length), bool)
+        else:
+            kept = _take_rows(state.cache.valid_bs, slot_a) & ~reset_u[source_a][:, None]
         cache = state.cache.replace(valid_bs=state.cache.valid_bs.at[slot_a].set(kept, mode="drop"))
         cache = _copy_columns(cache, part, source_a, slot_a, fill_u[source_a], length_u[source_a],
                               tokens_ut.shape[1])

@@ -241,7 +241,7 @@ class SlotRolloutRunner(RolloutRunner):
         window = attention_window(end, self.cache_capacity)
         arrays = (tokens, length, row_u, reset_u, slot_a, source_a, sequence_a)
         return admit(*weights, state, *(jnp.asarray(x) for x in arrays), key, temperature, top_p, static=static,
-                     mesh_rules=self.sampler._mesh_rules, window=window)
+                     mesh_rules=self.sampler._mesh_rules, window=window, fresh=all(new for _, _, new in admissions))
 
 
 def rollout_runner(config: object, sampler: Sampler, codec: DialogCodec, env: Env, pool: ExecutorPool,

@@ -308,8 +308,9 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
             rows((slots,), jnp.int32))
     window = attention_window(width, r.cache_capacity)
     admitted = _compile(admit.lower(*weights, state, *args, *sampling, static=static, mesh_rules=mesh_rules,
-                                    window=window))
-    state = _sharded(jax.eval_shape(lambda *a: admit(*a, static=static, mesh_rules=mesh_rules, window=window),
+                                    window=window, fresh=True))
+    state = _sharded(jax.eval_shape(lambda *a: admit(*a, static=static, mesh_rules=mesh_rules, window=window,
+                                                     fresh=True),
                                     *weights, state, *args, *sampling), admitted.compiled.output_shardings)
     split = batch_sharding(mesh, 1, batch_size=slots).shard_shape((slots,))[0] < slots
     named = None if split else rows((slots,), jnp.int32)  # as rljax.engine: every slot where the mesh splits them

@@ -41,7 +41,8 @@ def run_slots(sampler, prompts, compact=True):
             tokens[a, :len(prompts[b])], length[a], row[a], slot[a] = prompts[b], len(prompts[b]), b, b
         return slots.admit(*weights, state, jnp.asarray(tokens), jnp.asarray(length), jnp.asarray(row),
                            jnp.ones(8, bool), jnp.asarray(slot), jnp.arange(8), jnp.asarray(slot % 8),
-                           jax.random.key(0), *one, static=static, mesh_rules=sampler._mesh_rules, window=128)
+                           jax.random.key(0), *one, static=static, mesh_rules=sampler._mesh_rules, window=128,
+                           fresh=True)
 
     def decode(state, rows, steps, run=True):
         call = slots.decode if run else slots.decode.lower

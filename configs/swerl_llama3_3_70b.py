@@ -25,7 +25,9 @@ def get_config():
     c.rollout.cache_capacity = 16384
     c.rollout.length_bucket = 512
     c.rollout.num_chunks = 4
-    c.rollout.admit_rows = 8  # with --config.rollout.engine=slots: one chunk's prompts (x 16 answers) per admission
+    # with --config.rollout.engine=slots: all 32 prompts (x 16 answers) in one admission, one per fsdp shard (fewer
+    # than the 32 shards would be prefilled whole on every chip)
+    c.rollout.admit_rows = 32
     c.algo.name = "grpo"
     c.algo.kl_placement = "loss"
     c.algo.kl_estimator = "k3"

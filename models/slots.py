@@ -35,7 +35,8 @@ import numpy as np
 from flax import nnx
 
 from models.llama import KVCache
-from models.sampler import Layers, _append_tokens, _constrain_cache, _maybe_mesh, _pick, _Static
+from models.sampler import (Layers, _append_tokens, _constrain_cache, _maybe_mesh, _pick, _put_window, _Static,
+                            _window_of)
 from models.sharding import host_array
 
 
@@ -98,23 +99,6 @@ def _rows_of(cache: KVCache, rows_a: jax.Array, window: int) -> KVCache:
     return KVCache(tuple(_take_rows(k, rows_a, {3: window}) for k in cache.k_bkhs),
                    tuple(_take_rows(v, rows_a, {2: window}) for v in cache.v_bksh),
                    _take_rows(cache.valid_bs, rows_a, {1: window}), cache.index)
-
-
-def _window(cache: KVCache, window: int) -> KVCache:
-    """Every row's first `window` columns: a static slice that each shard takes of its own rows."""
-    if window == cache.length:
-        return cache
-    return KVCache(tuple(k[..., :window] for k in cache.k_bkhs), tuple(v[:, :, :window] for v in cache.v_bksh),
-                   cache.valid_bs[:, :window], cache.index)
-
-
-def _put_window(full: KVCache, part: KVCache) -> KVCache:
-    """`part` (every row's first columns) written over the same columns of `full` (in place when donated)."""
-    if part.length == full.length:
-        return part
-    put = lambda f, p: jax.lax.dynamic_update_slice(f, p, (0,) * f.ndim)  # noqa: E731
-    return KVCache(tuple(map(put, full.k_bkhs, part.k_bkhs)), tuple(map(put, full.v_bksh, part.v_bksh)),
-                   put(full.valid_bs, part.valid_bs), full.index)
 
 
 def _copy_columns(full: KVCache, part: KVCache, source_a: jax.Array, row_a: jax.Array, first_a: jax.Array,
@@ -219,7 +203,7 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slo
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         if rows_c is None:
-            rows = state.replace(cache=_window(state.cache, window))
+            rows = state.replace(cache=_window_of(state.cache, window))
         else:
             rows = state.replace(cache=_rows_of(state.cache, rows_c, window),
                                  **{name: _take_rows(getattr(state, name), rows_c) for name in _ROW_FIELDS})

@@ -65,6 +65,11 @@ def test_shipped_pod_configs_fit_their_slices(module, topology):
     plan = plan_memory(module.get_config(), parse_topology(topology))
     assert plan.fits, plan.components
     assert plan.peak > 10 * GIB  # sized for the slice, not trivially small
+    config = module.get_config()
+    config.rollout.engine = "slots"  # every dialog on a slot, admitted rollout.admit_rows prompts at a time
+    slots = plan_memory(config, parse_topology(topology))
+    assert slots.fits, slots.components
+    assert slots.components["prefill attention (one chunk)"] <= plan.components["prefill attention (one chunk)"]
 
 
 def test_planner_refuses_what_does_not_fit(capsys):

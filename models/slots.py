@@ -37,7 +37,7 @@ from flax import nnx
 from models.llama import KVCache
 from models.sampler import (Layers, _append_tokens, _constrain_cache, _maybe_mesh, _pick, _put_window, _Static,
                             _window_of)
-from models.sharding import host_array
+from models.sharding import batch_sharding, host_array
 
 
 @flax.struct.dataclass
@@ -117,12 +117,13 @@ def _copy_columns(full: KVCache, part: KVCache, source_a: jax.Array, row_a: jax.
     return KVCache(keys, values, full.valid_bs.at[dst, column_aw].set(True, mode="drop"), full.index)
 
 
-def _blank_rows(cache: KVCache, rows: int, window: int) -> KVCache:
-    """`rows` empty cache rows of `window` columns, laid out as `cache`'s (made in place, not gathered)."""
-    return _constrain_cache(KVCache(
-        tuple(jnp.zeros((rows,) + k.shape[1:3] + (window,), k.dtype) for k in cache.k_bkhs),
-        tuple(jnp.zeros((rows, v.shape[1], window, v.shape[3]), v.dtype) for v in cache.v_bksh),
-        jnp.zeros((rows, window), bool), cache.index))
+def decodes_every_slot(mesh_rules: Any, slots: int) -> bool:
+    """Whether `decode` should compute every slot (`rows_c` None): where the mesh splits the slots over shards,
+    a gather of named rows would gather them onto every chip."""
+    if mesh_rules is None:
+        return False
+    mesh, rules = mesh_rules
+    return batch_sharding(mesh, 1, rules, batch_size=slots).shard_shape((slots,))[0] < slots
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window", "fresh"),
@@ -149,7 +150,8 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
         offsets = jnp.arange(tokens_ut.shape[1])[None, :]
         columns = jnp.where(offsets < length_u[:, None], fill_u[:, None] + offsets, window)
         if fresh:
-            history = _blank_rows(state.cache, tokens_ut.shape[0], window)
+            history = _constrain_cache(KVCache.init(model.config, tokens_ut.shape[0], window,
+                                                    state.cache.k_bkhs[0].dtype))
         else:
             history = _rows_of(state.cache, row_u, window)
             history = history.replace(valid_bs=history.valid_bs & ~reset_u[:, None])

@@ -33,8 +33,8 @@ import numpy as np
 from executor.pool import ExecutorPool
 from models.llama import KVCache
 from models.sampler import FINISH_EOS, FINISH_LENGTH, Completion, Sampler, SamplingParams, attention_window
-from models.sharding import batch_sharding, host_array
-from models.slots import SlotState, admit, decode, host_rows
+from models.sharding import host_array
+from models.slots import SlotState, admit, decode, decodes_every_slot, host_rows
 from rljax.dialog import DialogCodec
 from rljax.distributed import allgather_objects, gather_rows
 from rljax.envs.base import Env, Episode
@@ -84,7 +84,7 @@ class SlotRolloutRunner(RolloutRunner):
         temperature, top_p = self.sampler._scalars(self.sampling)
         static = self.sampler._static(self.sampling)
         granule = self._decode_granule(slots)
-        compact = self._slot_shards(slots) == 1  # split slots: every shard decodes its own rows (models.slots)
+        compact = not decodes_every_slot(self.sampler._mesh_rules, slots)
         owner, phase = [-1] * slots, [FREE] * slots
         scoring: dict[int, cf.Future] = {}  # slot -> the score of this process's dialog in it
         waiting = collections.deque(range(len(every)))
@@ -193,12 +193,6 @@ class SlotRolloutRunner(RolloutRunner):
         `decode_sizes` batch sizes per window."""
         return max(1, -(-slots // self.decode_sizes))
 
-    def _slot_shards(self, slots: int) -> int:
-        """How many shards the mesh splits the slots over (1 without a mesh)."""
-        if self.sampler._mesh_rules is None:
-            return 1
-        mesh, rules = self.sampler._mesh_rules
-        return slots // batch_sharding(mesh, 1, rules, batch_size=slots).shard_shape((slots,))[0]
 
     @staticmethod
     def _decode_rows(live: np.ndarray, slots: int, granule: int) -> np.ndarray:

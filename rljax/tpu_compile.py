@@ -292,7 +292,7 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     new dialog, the G dialogs of a problem sharing one prompt segment of `width` tokens (a power of two, as the
     engine pads), then the decode loop over all slots at the full window."""
     from models.sampler import attention_window, cache_shardings
-    from models.slots import SlotState, admit, decode
+    from models.slots import SlotState, admit, decode, decodes_every_slot
 
     slots = r.slots or dialogs
     cache = jax.eval_shape(lambda: KVCache.init(arch, slots, r.cache_capacity))
@@ -312,8 +312,7 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     state = _sharded(jax.eval_shape(lambda *a: admit(*a, static=static, mesh_rules=mesh_rules, window=window,
                                                      fresh=True),
                                     *weights, state, *args, *sampling), admitted.compiled.output_shardings)
-    split = batch_sharding(mesh, 1, batch_size=slots).shard_shape((slots,))[0] < slots
-    named = None if split else rows((slots,), jnp.int32)  # as rljax.engine: every slot where the mesh splits them
+    named = None if decodes_every_slot(mesh_rules, slots) else rows((slots,), jnp.int32)  # as rljax.engine
     decoded = _compile(decode.lower(*weights, state, named, *sampling, static=static, mesh_rules=mesh_rules,
                                     window=r.cache_capacity, steps=r.check_every))
     return [_phase(f"engine admit ({segments} prompts x {width} tokens -> {slots} slots)", admitted),

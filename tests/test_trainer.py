@@ -119,6 +119,22 @@ def test_micro_batches_give_the_full_batch_update(algorithm):
         assert np.isclose(float(results[0][0]["policy_loss"]), float(reference), atol=1e-6)
 
 
+def test_a_learner_without_a_mesh_compiles_its_updates_once():
+    """A fresh TrainState is committed to the params' device like the update's outputs, so the second update
+    reuses the first one's program (before: uncommitted counters and moments compiled a second program)."""
+    cfg = LlamaConfig.preset("tiny", vocab_size=64)
+    batch = {k: jax.numpy.asarray(v) for k, v in synthetic_batch(4, 12, 64).items()}
+    policy, value = Llama(cfg, rngs=nnx.Rngs(0)), LlamaValueModel(cfg, rngs=nnx.Rngs(1))
+    for model in (policy, value):  # placed on the device, as a loaded checkpoint's weights are
+        nnx.update(model, jax.device_put(nnx.state(model), jax.devices()[0]))
+    learner = Learner(policy, LossConfig("ppo", kl_coef=0.1, kl_in_loss=True), OptimConfig(1e-3, 0), 1, value)
+    for _ in range(3):
+        learner.update_policy(batch)
+        learner.update_value(batch)
+    assert learner._update_policy._cache_size() == 1
+    assert learner._update_value._cache_size() == 1
+
+
 def test_warmup_schedule_and_no_warmup_moves_from_the_first_update():
     from rljax.learner import learning_rate_schedule
 

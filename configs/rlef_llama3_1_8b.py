@@ -17,7 +17,7 @@ def get_config():
     c.total_steps = 12000
     c.model.checkpoint = "ckpt/llama3_1_8b_instruct"
     c.model.architecture = "llama3_1_8b"
-    c.model.dtype = "bfloat16"
+    c.model.dtype = "bfloat16"  # compute; the weights and AdamW moments stay float32 (model.param_dtype)
     c.model.remat = "full"  # without it one micro-batch's activations need ~10x a chip's HBM (rljax plan)
     c.data.source = "code_contests"
     c.data.path = "data/code_contests/train-*.parquet"

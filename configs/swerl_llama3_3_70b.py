@@ -14,7 +14,7 @@ def get_config():
     c.total_steps = 1600
     c.model.checkpoint = "ckpt/llama3_3_70b_instruct"
     c.model.architecture = "llama3_3_70b"
-    c.model.dtype = "bfloat16"
+    c.model.dtype = "bfloat16"  # compute; the weights and AdamW moments stay float32 (model.param_dtype)
     c.model.remat = "full"
     c.data.path = "data/swerl_instances.jsonl"
     c.env.name = "swerl"

@@ -106,12 +106,15 @@ def model_from_params(cfg: LlamaConfig, params: dict[str, Any], mesh: Mesh | Non
 
 
 def load_checkpoint(ckpt_dir: str | Path, mesh: Mesh | None = None, rules: Rules = DEFAULT_RULES,
-                    dtype: str | None = None, **execution: Any) -> Llama:
-    """Restore an rljax checkpoint as a model (optionally sharded on `mesh`, cast to `dtype`, with other
-    execution settings: `remat`, `attention_query_blocks`)."""
+                    dtype: str | None = None, param_dtype: str | None = None, **execution: Any) -> Llama:
+    """Restore an rljax checkpoint as a model (optionally sharded on `mesh`, computing in `dtype` with its
+    weights held in `param_dtype`; `dtype` alone sets both; with other execution settings: `remat`,
+    `attention_query_blocks`)."""
     cfg, params = read_params(ckpt_dir, mesh, rules)
     if dtype is not None:
         cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
+    if param_dtype is not None:
+        cfg = cfg.replace(param_dtype=param_dtype)
     execution = {k: v for k, v in execution.items() if v is not None}  # None keeps the checkpoint's own
     unknown = sorted(set(execution) - EXECUTION_FIELDS)
     if unknown:

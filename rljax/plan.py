@@ -182,12 +182,16 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
             comp.update({"value params": value_trained, "value AdamW moments": value_moments * value_trained})
 
     # the sampler reads per-layer copies of the decoder weights (LoRA merged in), made once per rollout call;
-    # with rollout.replicate_weights they and a copy of the head are whole on every data/fsdp shard
+    # with rollout.replicate_weights they and a copy of the head are whole on every data/fsdp shard; the
+    # copies are in the compute dtype (half the float32 master weights' bytes under bfloat16 compute)
+    in_compute = _itemsize(arch.dtype) / _itemsize(arch.param_dtype)
     if r.replicate_weights:
-        comp["sampler per-layer weights"] = _shard_bytes(nnx.state(abstract_policy),
-                                                         dict(sizes, data=1, fsdp=1))
+        whole = dict(sizes, data=1, fsdp=1)
+        layer_bytes = _shard_bytes(nnx.state(abstract_policy.layers), whole)
+        comp["sampler per-layer weights"] = (int(layer_bytes * in_compute) + _shard_bytes(nnx.state(abstract_policy), whole)
+                                             - layer_bytes)
     else:
-        comp["sampler per-layer weights"] = _shard_bytes(nnx.state(abstract_policy.layers), sizes)
+        comp["sampler per-layer weights"] = int(_shard_bytes(nnx.state(abstract_policy.layers), sizes) * in_compute)
     a = _itemsize(arch.dtype)
     kv_dev = _split(arch.num_kv_heads, tensor)
     slots = r.engine == "slots"  # one cache of `slots` rows (rljax.engine), else one row per dialog

@@ -29,6 +29,10 @@ def base_config() -> ConfigDict:
     c.total_steps = 100
     c.codec = "chat"  # chat (the tokenizer's chat template) | digits (the toy task's 14-token vocabulary)
 
+    # dtype: the compute dtype of activations, matmuls and the KV cache ("" keeps the checkpoint's own);
+    # param_dtype: the weights the optimizer updates and their AdamW moments ("" keeps the checkpoint's own).
+    # float32 master weights by default: a bfloat16 weight of magnitude 0.01 moves only in steps of ~3e-5
+    # (2^-8 of it), so AdamW steps of ~lr = 2e-7 (the RLEF paper's rate) would round away on every weight
     # architecture: the preset a checkpoint must match (lets `rljax plan` size a run without the weights);
     # remat: none | full | dots_saveable for the training passes ("" keeps the model's own)
     # lora: adapters on the comma-listed projections (q,k,v,o,gate,up,down or all; "" = full fine-tuning) with
@@ -36,7 +40,7 @@ def base_config() -> ConfigDict:
     # tokenizer: with a random preset, "smollm2" or a checkpoint directory whose tokenizer (and chat template)
     # the run uses (the preset's vocab_size must hold it); checkpoints bring their own
     c.model = ConfigDict({"preset": "", "overrides": {}, "init_seed": 0, "checkpoint": "", "pretrained": "",
-                          "dtype": "", "architecture": "", "remat": "", "tokenizer": "",
+                          "dtype": "", "param_dtype": "float32", "architecture": "", "remat": "", "tokenizer": "",
                           "lora": {"targets": "", "rank": 16, "alpha": 32.0}})
     # source: toy | jsonl (path) | bundled (32 demo problems) | practice / practice_heldout (rljax.data.practice:
     # 320 training problems, 48 held-out ones of other task families) | humaneval | code_contests (path: shards)
@@ -109,6 +113,7 @@ CHOICES = {
     "data.source": DATA_SOURCES, "eval.source": ("",) + DATA_SOURCES,
     "checkpoint.resume": ("auto", "require", "never"), "distributed.mode": DISTRIBUTED_MODES,
     "model.remat": ("", "none", "full", "dots_saveable"),
+    "model.param_dtype": ("", "float32", "bfloat16", "float16"),
     "algo.ratio_level": RATIO_LEVELS, "algo.group_baseline": BASELINES, "rollout.engine": ("chunks", "slots"),
     "train.share_prompts": (False, True),
 }
@@ -215,7 +220,7 @@ def architecture_preset(name: str) -> Any:
 def model_architecture(cfg: ConfigDict) -> Any:
     """The LlamaConfig a run's model block names, without loading weights: the preset (with overrides), the
     bundled SmolLM2's, a checkpoint's config.json where it is here, else the `model.architecture` preset;
-    with the block's dtype and remat applied."""
+    with the block's dtype, param_dtype and remat applied."""
     from models.checkpoint import read_config
     from models.config import PRESETS, LlamaConfig
 
@@ -232,6 +237,8 @@ def model_architecture(cfg: ConfigDict) -> Any:
                          "model.architecture names its preset; the planner needs one of them")
     if cfg.get("dtype"):
         arch = arch.replace(dtype=cfg.dtype, param_dtype=cfg.dtype)
+    if cfg.get("param_dtype"):
+        arch = arch.replace(param_dtype=cfg.param_dtype)
     return arch.replace(remat=cfg.remat) if cfg.get("remat") else arch
 
 
@@ -307,7 +314,8 @@ def _base_policy(cfg: ConfigDict, mesh: Any = None) -> tuple[Llama, Any]:
         path = smollm2_checkpoint()
     if cfg.get("architecture"):
         _check_architecture(read_config(path), cfg.architecture, path)
-    return (load_checkpoint(path, mesh, dtype=cfg.get("dtype") or None, remat=cfg.get("remat") or None),
+    return (load_checkpoint(path, mesh, dtype=cfg.get("dtype") or None, param_dtype=cfg.get("param_dtype") or None,
+                            remat=cfg.get("remat") or None),
             load_tokenizer(path))
 
 

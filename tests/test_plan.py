@@ -33,16 +33,18 @@ def test_parameter_and_cache_shards_are_exact():
         + 3 * arch.hidden_size * arch.intermediate_size)
     assert 8.0e9 < count < 8.1e9
     one = plan_memory(config, parse_topology(devices=1, hbm_gib=10000))
-    assert one.components["policy params"] == count * 2  # bf16
+    assert one.components["policy params"] == count * 4  # float32 master weights (model.param_dtype)
     sharded = plan_memory(config, parse_topology("v5p-64"))
     # every matrix splits 32 ways over fsdp; only the norm vectors stay replicated
     replicated = (arch.num_layers * 2 + 1) * arch.hidden_size * 2
-    assert sharded.components["policy params"] == (count * 2 - replicated) // 32 + replicated
+    assert sharded.components["policy params"] == (count * 4 - 2 * replicated) // 32 + 2 * replicated
     # the sampler's weights: whole on every fsdp shard (the per-layer copies and the head), or the layer stacks'
-    # training-layout shard without rollout.replicate_weights
-    assert sharded.components["sampler per-layer weights"] == count * 2
+    # training-layout shard without rollout.replicate_weights; the per-layer copies in the bf16 compute dtype,
+    # the embedding / head and the final norm as the float32 weights are
+    outside = arch.vocab_size * arch.hidden_size * 2 + arch.hidden_size
+    assert sharded.components["sampler per-layer weights"] == (count - outside) * 2 + outside * 4
     config.rollout.replicate_weights = False
-    layers = count - arch.vocab_size * arch.hidden_size * 2 - arch.hidden_size
+    layers = count - outside
     layer_norms = arch.num_layers * 2 * arch.hidden_size
     assert plan_memory(config, parse_topology("v5p-64")).components["sampler per-layer weights"] == (
         (layers - layer_norms) * 2 // 32 + layer_norms * 2)
@@ -100,11 +102,11 @@ def test_lora_plans_count_only_the_adapters_as_trained():
     topology = parse_topology("v5p-64")
     a, b = plan_memory(full, topology).components, plan_memory(adapted, topology).components
     adapters = b["policy params"] - a["policy params"]
-    # rank 16 on q,k,v,o,gate,up,down of 32 layers, bf16. A [In, r] and B [r, Out] keep their weight's axes: an
+    # rank 16 on q,k,v,o,gate,up,down of 32 layers, float32. A [In, r] and B [r, Out] keep their weight's axes: an
     # "embed" axis is split over the 32 fsdp chips (A of q,k,v,gate,up; B of o,down), the others ("heads",
     # "mlp": tensor, 1 here) are replicated
     split, whole = 16 * 4096 * 7, 16 * (4096 + 14336 + 4096 + 2 * 1024 + 2 * 14336)
-    assert adapters == 32 * (split // 32 + whole) * 2
+    assert adapters == 32 * (split // 32 + whole) * 4
     assert b["policy AdamW moments"] == 2 * adapters and "reference params" not in b
     # the value model shares the frozen base: its own adapters and scalar head only
     assert b["value params"] == adapters + a["value params"] - a["policy params"]

@@ -135,6 +135,29 @@ def test_a_learner_without_a_mesh_compiles_its_updates_once():
     assert learner._update_value._cache_size() == 1
 
 
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_bfloat16_compute_trains_float32_master_weights(param_dtype):
+    """model.dtype bfloat16 computes in bfloat16 (the sampler's per-layer copies too) while the weights the
+    optimizer moves stay float32 by default: one AdamW step at the RLEF paper's rate, 2e-7, moves every
+    weight. Held in bfloat16 (a weight of 0.02 moves only in steps of 2^-8 of it, ~1e-4) the same step
+    rounds away on all but the few weights near zero."""
+    from rljax.run_config import base_config, build_policy
+
+    model_cfg = base_config().model
+    model_cfg.update({"preset": "tiny", "overrides": {"vocab_size": 64}, "dtype": "bfloat16"})
+    if param_dtype != "float32":
+        model_cfg.param_dtype = param_dtype
+    policy, _ = build_policy(model_cfg)
+    assert (policy.config.dtype, policy.layers.q_dnh[...].dtype) == ("bfloat16", np.dtype(param_dtype))
+    assert policy.layers.per_layer()[0]["q_dnh"].dtype == jax.numpy.bfloat16
+    before = np.asarray(policy.layers.q_dnh[...], np.float32)
+    learner = Learner(policy, LossConfig("grpo"), OptimConfig(2e-7, 0), 1)
+    learner.update_policy({k: jax.numpy.asarray(v) for k, v in synthetic_batch(4, 12, 64).items()})
+    after = np.asarray(learner.policy_model().layers.q_dnh[...], np.float32)
+    moved = float(np.mean(after != before))
+    assert moved > 0.99 if param_dtype == "float32" else moved < 0.02, moved
+
+
 def test_warmup_schedule_and_no_warmup_moves_from_the_first_update():
     from rljax.learner import learning_rate_schedule
 

@@ -6,7 +6,9 @@ forward and the activation backward run through every layer and the LM head but 
 
 Both sides compute fp32 logits over the whole sequence, log_softmax at temperature 1, the clipped ratio loss
 with a k3 KL term in the loss (token mean over the sampled tokens), global-norm clipping at 1.0 and AdamW.
-Compile time (first call) is reported apart from the steady state (median of --repeats timed steps).
+Compile time (first call) is reported apart from the steady state (median of --repeats timed steps), and
+the four steps take turns (full, LoRA, floor, torch, full, ...) so that a slow spell of this shared
+machine falls on all of them rather than on whichever ran in it.
 The last line is JSON: {"metric": "train_step_s", "ours", "baseline", "ratio": baseline / ours}.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -28,7 +31,7 @@ from models.lora import LoraConfig, LoraParam, add_lora  # noqa: E402
 from models.pretrained import GGUF_NAME, smollm2_checkpoint, smollm2_gguf_path  # noqa: E402
 from rljax import batching  # noqa: E402
 from rljax.learner import Learner, LossConfig, OptimConfig  # noqa: E402
-from bench.timing import first_and_median  # noqa: E402
+from bench.timing import interleaved  # noqa: E402
 
 BATCH, LENGTH, CLIP, KL_COEF, LR = 8, 256, 0.2, 0.05, 1e-6
 
@@ -53,9 +56,10 @@ def _train_only_norm_scales(model: nnx.Module) -> None:
             setattr(model.layers, name, LoraParam(value[...], **value.get_metadata()))
 
 
-def time_ours(batch: dict[str, np.ndarray], repeats: int, lora: LoraConfig | None = None,
-              norms_only: bool = False) -> tuple[float, float, int]:
-    """(compile s, median step s, bytes of trainable parameters + optimizer state)."""
+def our_step(batch: dict[str, np.ndarray], lora: LoraConfig | None = None,
+             norms_only: bool = False) -> tuple[Callable[[], Any], int]:
+    """(one blocking `Learner.update_policy` call on the batch, bytes of trainable parameters + optimizer
+    state)."""
     model = checkpoint.load_checkpoint(smollm2_checkpoint(None))
     if lora is not None:
         add_lora(model, lora)
@@ -65,11 +69,11 @@ def time_ours(batch: dict[str, np.ndarray], repeats: int, lora: LoraConfig | Non
                       OptimConfig(LR, warmup_steps=0, weight_decay=0.1), 1)
     state_bytes = sum(x.nbytes for x in jax.tree.leaves((learner.policy_state.params, learner.policy_state.opt_state)))
     placed = {k: jax.numpy.asarray(v) for k, v in batch.items()}
-    compile_s, step_s = first_and_median(lambda: jax.block_until_ready(learner.update_policy(placed)), repeats)
-    return compile_s, step_s, state_bytes
+    return lambda: jax.block_until_ready(learner.update_policy(placed)), state_bytes
 
 
-def time_theirs(batch: dict[str, np.ndarray], repeats: int) -> float:
+def their_step(batch: dict[str, np.ndarray]) -> Callable[[], None]:
+    """One blocking torch update on the batch (its first call also allocates the optimizer state)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_gguf_path().parent, gguf_file=GGUF_NAME,
@@ -95,7 +99,7 @@ def time_theirs(batch: dict[str, np.ndarray], repeats: int) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
-    return first_and_median(step, repeats)[1]  # the first call warms up (allocations, optimizer state)
+    return step
 
 
 def main() -> None:
@@ -105,10 +109,13 @@ def main() -> None:
     threads = torch.get_num_threads()
     print(f"devices: {jax.devices()}, torch threads: {threads}, batch {BATCH} x {LENGTH} tokens, fp32")
     batch = make_batch(49152)
-    compile_s, ours, full_bytes = time_ours(batch, args.repeats)
-    lora_compile_s, lora_s, lora_bytes = time_ours(batch, args.repeats, LoraConfig(("all",), 16, 32.0))
-    floor_compile_s, floor_s, floor_bytes = time_ours(batch, args.repeats, norms_only=True)
-    theirs = time_theirs(batch, args.repeats)
+    full_step, full_bytes = our_step(batch)
+    lora_step, lora_bytes = our_step(batch, LoraConfig(("all",), 16, 32.0))
+    floor_step, floor_bytes = our_step(batch, norms_only=True)
+    first, median = interleaved({"full": full_step, "lora": lora_step, "floor": floor_step,
+                                 "torch": their_step(batch)}, args.repeats)
+    ours, lora_s, floor_s, theirs = median["full"], median["lora"], median["floor"], median["torch"]
+    compile_s, lora_compile_s, floor_compile_s = first["full"], first["lora"], first["floor"]
     mib = 2.0 ** 20
     print("| step | rljax s | torch s | ratio (torch / rljax) | rljax compile s | trainable + AdamW state MiB |")
     print("| --- | --- | --- | --- | --- | --- |")

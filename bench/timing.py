@@ -17,3 +17,21 @@ def first_and_median(step: Callable[[], Any], repeats: int) -> tuple[float, floa
         step()
         times.append(time.perf_counter() - start)
     return first, statistics.median(times)
+
+
+def interleaved(steps: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict[str, float], dict[str, float]]:
+    """({name: seconds of its first call}, {name: median seconds of `repeats` more}), the steps taking turns
+    (a, b, c, a, b, c, ...) so that a slow spell of a shared machine falls on every step alike instead of on
+    whichever ran in it; each step must block until its work is done."""
+    first = {}
+    for name, step in steps.items():
+        start = time.perf_counter()
+        step()
+        first[name] = time.perf_counter() - start
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return first, {name: statistics.median(ts) for name, ts in times.items()}

@@ -259,6 +259,16 @@ def _outside_layers(path: tuple[Any, ...]) -> bool:
     return not (path and getattr(path[0], "key", None) == "layers")
 
 
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _outside_in(params: nnx.State, dtype: str) -> nnx.State:
+    """The embedding, final norm and head in the compute dtype `dtype` (every use casts them to it anyway, so
+    the tokens are the same): a decode step then reads bfloat16 heads, not float32 master weights. The layer
+    stacks pass through (the cached passes read the per-layer copies)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: x.astype(dtype) if _outside_layers(path) and jnp.issubdtype(x.dtype, jnp.floating) else x,
+        params)
+
+
 def sampling_shardings(params: Any, layers: Any, rules: Rules) -> tuple[Any, Any]:
     """The shardings a sampler reads its weights with when they are replicated over the batch axes: the
     per-layer copies and the parameters outside the layer stacks (embedding, final norm, head) without their
@@ -522,6 +532,8 @@ class Sampler:
         once per generate/extend call, so the decode loop slices nothing)."""
         graphdef, params = nnx.split(self.model)
         layers = _per_layer(graphdef, params)
+        if jnp.dtype(self.model.config.dtype) != jnp.dtype(self.model.config.param_dtype):
+            params = _outside_in(params, self.model.config.dtype)
         if self._mesh_rules is not None and self.replicate_weights:
             params, layers = jax.device_put((params, layers), sampling_shardings(params, layers, self._mesh_rules[1]))
         return graphdef, params, layers

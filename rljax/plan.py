@@ -186,10 +186,8 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
     # copies are in the compute dtype (half the float32 master weights' bytes under bfloat16 compute)
     in_compute = _itemsize(arch.dtype) / _itemsize(arch.param_dtype)
     if r.replicate_weights:
-        whole = dict(sizes, data=1, fsdp=1)
-        layer_bytes = _shard_bytes(nnx.state(abstract_policy.layers), whole)
-        comp["sampler per-layer weights"] = (int(layer_bytes * in_compute) + _shard_bytes(nnx.state(abstract_policy), whole)
-                                             - layer_bytes)
+        comp["sampler per-layer weights"] = int(_shard_bytes(nnx.state(abstract_policy), dict(sizes, data=1, fsdp=1))
+                                                * in_compute)
     else:
         comp["sampler per-layer weights"] = int(_shard_bytes(nnx.state(abstract_policy.layers), sizes) * in_compute)
     a = _itemsize(arch.dtype)

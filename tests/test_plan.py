@@ -39,10 +39,10 @@ def test_parameter_and_cache_shards_are_exact():
     replicated = (arch.num_layers * 2 + 1) * arch.hidden_size * 2
     assert sharded.components["policy params"] == (count * 4 - 2 * replicated) // 32 + 2 * replicated
     # the sampler's weights: whole on every fsdp shard (the per-layer copies and the head), or the layer stacks'
-    # training-layout shard without rollout.replicate_weights; the per-layer copies in the bf16 compute dtype,
-    # the embedding / head and the final norm as the float32 weights are
+    # training-layout shard without rollout.replicate_weights; in the bf16 compute dtype, not as the float32
+    # master weights are
+    assert sharded.components["sampler per-layer weights"] == count * 2
     outside = arch.vocab_size * arch.hidden_size * 2 + arch.hidden_size
-    assert sharded.components["sampler per-layer weights"] == (count - outside) * 2 + outside * 4
     config.rollout.replicate_weights = False
     layers = count - outside
     layer_norms = arch.num_layers * 2 * arch.hidden_size

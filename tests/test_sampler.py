@@ -343,3 +343,21 @@ def test_eight_device_mesh_gives_the_same_greedy_tokens():
     assert result["single_slots"][0] == result["sharded_slots"][0] == result["sharded_slots_compact"][0]
     assert result["single_slots"][0] == result["single"]
     assert result["sharded_slots"][1] == 0 < result["sharded_slots_compact"][1], result
+
+
+def test_float32_master_weights_sample_what_their_bfloat16_compute_model_samples():
+    """With float32 weights and bfloat16 compute the sampler reads bfloat16 copies (per-layer weights and the
+    head): the same tokens and logprobs, bit for bit, as the same weights held in bfloat16."""
+    master = Llama(LlamaConfig.preset("tiny", vocab_size=128, dtype="bfloat16"), rngs=nnx.Rngs(3))
+    held = Llama(LlamaConfig.preset("tiny", vocab_size=128, dtype="bfloat16", param_dtype="bfloat16"),
+                 rngs=nnx.Rngs(0))
+    nnx.update(held, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(master)))
+    assert master.embed_vd[...].dtype == jnp.float32 and held.embed_vd[...].dtype == jnp.bfloat16
+    _, params, layers = Sampler(master)._weights()  # what a decode step reads
+    assert params["embed_vd"].get_value().dtype == layers[0]["q_dnh"].dtype == jnp.bfloat16
+    prompts = [random_ids(1, 9, 128).tolist(), random_ids(2, 5, 128).tolist()]
+    sampling = SamplingParams(max_new_tokens=12, temperature=0.8)
+    ours, theirs = (Sampler(m).generate(prompts, sampling, jax.random.key(4))[0] for m in (master, held))
+    for a, b in zip(ours, theirs):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)

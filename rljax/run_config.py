@@ -31,8 +31,8 @@ def base_config() -> ConfigDict:
 
     # dtype: the compute dtype of activations, matmuls and the KV cache ("" keeps the checkpoint's own);
     # param_dtype: the weights the optimizer updates and their AdamW moments ("" keeps the checkpoint's own).
-    # float32 master weights by default: a bfloat16 weight of magnitude 0.01 moves only in steps of ~3e-5
-    # (2^-8 of it), so AdamW steps of ~lr = 2e-7 (the RLEF paper's rate) would round away on every weight
+    # float32 master weights by default: a bfloat16 weight of magnitude 0.02 moves only in steps of ~1e-4
+    # (8 significant bits), so AdamW steps of ~lr = 2e-7 (the RLEF paper's rate) would round away on every weight
     # architecture: the preset a checkpoint must match (lets `rljax plan` size a run without the weights);
     # remat: none | full | dots_saveable for the training passes ("" keeps the model's own)
     # lora: adapters on the comma-listed projections (q,k,v,o,gate,up,down or all; "" = full fine-tuning) with

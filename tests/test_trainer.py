@@ -139,7 +139,7 @@ def test_a_learner_without_a_mesh_compiles_its_updates_once():
 def test_bfloat16_compute_trains_float32_master_weights(param_dtype):
     """model.dtype bfloat16 computes in bfloat16 (the sampler's per-layer copies too) while the weights the
     optimizer moves stay float32 by default: one AdamW step at the RLEF paper's rate, 2e-7, moves every
-    weight. Held in bfloat16 (a weight of 0.02 moves only in steps of 2^-8 of it, ~1e-4) the same step
+    weight. Held in bfloat16 (a weight of 0.02 moves only in steps of ~1e-4: 8 significant bits) the same step
     rounds away on all but the few weights near zero."""
     from rljax.run_config import base_config, build_policy
 

@@ -111,10 +111,7 @@ def load_checkpoint(ckpt_dir: str | Path, mesh: Mesh | None = None, rules: Rules
     weights held in `param_dtype`; `dtype` alone sets both; with other execution settings: `remat`,
     `attention_query_blocks`)."""
     cfg, params = read_params(ckpt_dir, mesh, rules)
-    if dtype is not None:
-        cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
-    if param_dtype is not None:
-        cfg = cfg.replace(param_dtype=param_dtype)
+    cfg = cfg.with_dtypes(dtype, param_dtype)
     execution = {k: v for k, v in execution.items() if v is not None}  # None keeps the checkpoint's own
     unknown = sorted(set(execution) - EXECUTION_FIELDS)
     if unknown:
@@ -126,8 +123,7 @@ def from_hf(hf_dir: str | Path, mesh: Mesh | None = None, rules: Rules = DEFAULT
             dtype: str | None = None) -> Llama:
     """A ready model from a Hugging Face Llama directory (config.json + safetensors)."""
     cfg, params = read_hf_params(hf_dir)
-    if dtype is not None:
-        cfg = cfg.replace(dtype=dtype, param_dtype=dtype)
+    cfg = cfg.with_dtypes(dtype)
     return model_from_params(cfg, params, mesh, rules)
 
 

@@ -71,6 +71,11 @@ class LlamaConfig:
     def replace(self, **changes: Any) -> "LlamaConfig":
         return dataclasses.replace(self, **changes)
 
+    def with_dtypes(self, dtype: str | None = None, param_dtype: str | None = None) -> "LlamaConfig":
+        """Compute in `dtype` and hold the weights in `param_dtype`: `dtype` alone sets both; None keeps each."""
+        cfg = self if dtype is None else self.replace(dtype=dtype, param_dtype=dtype)
+        return cfg if param_dtype is None else cfg.replace(param_dtype=param_dtype)
+
     # ---- presets -------------------------------------------------------------------------------------------
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "LlamaConfig":

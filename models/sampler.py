@@ -261,12 +261,19 @@ def _outside_layers(path: tuple[Any, ...]) -> bool:
 
 @functools.partial(jax.jit, static_argnames=("dtype",))
 def _outside_in(params: nnx.State, dtype: str) -> nnx.State:
-    """The embedding, final norm and head in the compute dtype `dtype` (every use casts them to it anyway, so
-    the tokens are the same): a decode step then reads bfloat16 heads, not float32 master weights. The layer
-    stacks pass through (the cached passes read the per-layer copies)."""
     return jax.tree_util.tree_map_with_path(
         lambda path, x: x.astype(dtype) if _outside_layers(path) and jnp.issubdtype(x.dtype, jnp.floating) else x,
         params)
+
+
+def head_in_compute_dtype(params: nnx.State, config: Any) -> nnx.State:
+    """`params` with the embedding, final norm and head in the compute dtype `config.dtype` where the weights are
+    held in another (every use casts them to it anyway, so the tokens are the same): a decode step then reads
+    bfloat16 heads, not float32 master weights. The layer stacks pass through (the cached passes read the
+    per-layer copies)."""
+    if jnp.dtype(config.dtype) == jnp.dtype(config.param_dtype):
+        return params
+    return _outside_in(params, config.dtype)
 
 
 def sampling_shardings(params: Any, layers: Any, rules: Rules) -> tuple[Any, Any]:
@@ -532,8 +539,7 @@ class Sampler:
         once per generate/extend call, so the decode loop slices nothing)."""
         graphdef, params = nnx.split(self.model)
         layers = _per_layer(graphdef, params)
-        if jnp.dtype(self.model.config.dtype) != jnp.dtype(self.model.config.param_dtype):
-            params = _outside_in(params, self.model.config.dtype)
+        params = head_in_compute_dtype(params, self.model.config)
         if self._mesh_rules is not None and self.replicate_weights:
             params, layers = jax.device_put((params, layers), sampling_shardings(params, layers, self._mesh_rules[1]))
         return graphdef, params, layers

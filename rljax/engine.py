@@ -193,7 +193,6 @@ class SlotRolloutRunner(RolloutRunner):
         `decode_sizes` batch sizes per window."""
         return max(1, -(-slots // self.decode_sizes))
 
-
     @staticmethod
     def _decode_rows(live: np.ndarray, slots: int, granule: int) -> np.ndarray:
         """The slots one decode call computes: the live ones, padded (with `slots`, past the batch) to a multiple

@@ -235,10 +235,7 @@ def model_architecture(cfg: ConfigDict) -> Any:
     else:
         raise ValueError(f"config.model: checkpoint {cfg.get('checkpoint')!r} is not here and no "
                          "model.architecture names its preset; the planner needs one of them")
-    if cfg.get("dtype"):
-        arch = arch.replace(dtype=cfg.dtype, param_dtype=cfg.dtype)
-    if cfg.get("param_dtype"):
-        arch = arch.replace(param_dtype=cfg.param_dtype)
+    arch = arch.with_dtypes(cfg.get("dtype") or None, cfg.get("param_dtype") or None)
     return arch.replace(remat=cfg.remat) if cfg.get("remat") else arch
 
 

@@ -188,7 +188,7 @@ def _abstract_model(model_fn: Callable[[], nnx.Module], mesh: Any) -> nnx.Module
 
 def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpec, Any]:
     """Compile the run's programs for `topology`; (phases, chip figures, mesh). Raises TpuCompileError."""
-    from models.sampler import _Static, _outside_in, _per_layer, sampling_shardings
+    from models.sampler import _Static, _per_layer, head_in_compute_dtype, sampling_shardings
     from rljax.learner import Learner, TrainState, split_trainable
     from rljax.plan import train_batch_shapes
     from rljax.run_config import lora_config, loss_config, model_architecture, optim_config
@@ -243,9 +243,8 @@ def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpe
             phases.append(_phase("sampler per-layer weights", copy))
             layers = _sharded(jax.eval_shape(lambda p: _per_layer(graphdef, p), params),
                               copy.compiled.output_shardings)
-            if jnp.dtype(arch.dtype) != jnp.dtype(arch.param_dtype):  # as the Sampler: head in the compute dtype
-                params = _sharded(jax.eval_shape(lambda p: _outside_in(p, arch.dtype), params),
-                                  jax.tree.map(lambda x: x.sharding, params))
+            params = _sharded(jax.eval_shape(lambda p: head_in_compute_dtype(p, arch), params),  # as the Sampler
+                              jax.tree.map(lambda x: x.sharding, params))
             # with replicate_weights the Sampler then reshards the copies and the head (array by array) whole
             # onto each data/fsdp shard: the prefill and decode read them so
             if r.replicate_weights:

@@ -32,6 +32,7 @@ import torch  # noqa: E402
 from models import checkpoint, param_count  # noqa: E402
 from models.pretrained import smollm2_checkpoint  # noqa: E402
 from models.sampler import Sampler, SamplingParams, attention_window  # noqa: E402
+from bench.timing import host_memory  # noqa: E402
 
 PROMPT_LEN, NEW_TOKENS, TEMPERATURE, TOP_P = 64, 128, 1.0, 0.95
 
@@ -139,6 +140,7 @@ def main() -> None:
     parser.add_argument("--capacities", default="192,1024,4096")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
+    print(host_memory(), flush=True)
     threads = os.cpu_count()
     torch.set_num_threads(threads)
     bandwidth = read_bandwidth_gbs()

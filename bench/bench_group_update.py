@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.timing import first_and_median  # noqa: E402
+from bench.timing import first_and_median, host_memory  # noqa: E402
 from configs import swerl_smollm2  # noqa: E402
 from models import checkpoint  # noqa: E402
 from models.lora import LoraConfig, add_lora  # noqa: E402
@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shared-micro-batches", default="2,4", help="micro-batch counts to time with sharing")
     args = parser.parse_args()
+    print(host_memory(), flush=True)
     c = swerl_smollm2.get_config()
     groups, size = c.rollout.problems_per_step, c.rollout.samples_per_problem
     lora = LoraConfig(tuple(c.model.lora.targets.split(",")), c.model.lora.rank, c.model.lora.alpha)

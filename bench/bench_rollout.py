@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench.bench_generate import read_bandwidth_gbs  # noqa: E402
+from bench.timing import host_memory  # noqa: E402
 from executor.pool import ExecutorPool  # noqa: E402
 from models.sampler import FINISH_EOS, FINISH_LENGTH, Completion, SamplingParams  # noqa: E402
 from rljax.engine import SlotRolloutRunner  # noqa: E402
@@ -108,6 +109,7 @@ def main() -> None:
     parser.add_argument("--engines", default="slots,chunks,hf")
     parser.add_argument("--check-every", type=int, default=16)
     args = parser.parse_args()
+    print(host_memory(), flush=True)
 
     from configs.rlef_smollm2 import get_config
     from rljax.problems import prompt_checked

@@ -25,13 +25,14 @@ def worker(batch: int, length: int, repeats: int) -> None:
     import jax
     import numpy as np
 
-    from bench.timing import first_and_median
+    from bench.timing import first_and_median, host_memory
     from configs import grpo_tiny
     from models.sharding import batch_sharding, make_mesh, shard_model, use_mesh
     from rljax.learner import Learner
     from rljax.plan import train_batch_shapes
     from rljax.run_config import build_policy, loss_config, optim_config
 
+    host_memory()
     config = grpo_tiny.get_config()
     mesh = make_mesh(data=1, fsdp=-1, tensor=1)
     policy, _ = build_policy(config.model, mesh)
@@ -73,6 +74,9 @@ def main() -> None:
             sys.exit(f"bench_scaling: the {count}-device run failed:\n{proc.stderr[-2000:]}")
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     base = rows[0]["step_s"]
+    from bench.timing import host_memory
+
+    print(host_memory())
     print(f"tiny GRPO policy update, global batch {args.batch} x {args.length} tokens, {os.cpu_count()} CPU cores")
     print(f"{'devices':>8} {'compile s':>10} {'step ms':>9} {'vs 1 device':>12}")
     for row in rows:

@@ -31,7 +31,7 @@ from models.lora import LoraConfig, LoraParam, add_lora  # noqa: E402
 from models.pretrained import GGUF_NAME, smollm2_checkpoint, smollm2_gguf_path  # noqa: E402
 from rljax import batching  # noqa: E402
 from rljax.learner import Learner, LossConfig, OptimConfig  # noqa: E402
-from bench.timing import interleaved  # noqa: E402
+from bench.timing import host_memory, interleaved  # noqa: E402
 
 BATCH, LENGTH, CLIP, KL_COEF, LR = 8, 256, 0.2, 0.05, 1e-6
 
@@ -106,6 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    print(host_memory(), flush=True)
     threads = torch.get_num_threads()
     print(f"devices: {jax.devices()}, torch threads: {threads}, batch {BATCH} x {LENGTH} tokens, fp32")
     batch = make_batch(49152)

@@ -28,3 +28,13 @@ def interleaved(steps: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict
             step()
             times[name].append(time.perf_counter() - start)
     return first, {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def host_memory() -> str:
+    """Set host memory as the `rljax` command does (rljax.host_memory; call before the first JAX computation)
+    and say which setting the timings ran under."""
+    from rljax.host_memory import ENV, retain_freed_host_memory
+
+    if retain_freed_host_memory():
+        return f"host memory: freed buffers retained and reused ({ENV}=system for glibc's defaults)"
+    return "host memory: glibc's defaults (freed large buffers unmapped and faulted in again)"

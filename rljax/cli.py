@@ -369,8 +369,10 @@ def _run(command: str, job: "Callable[[], int]") -> int:
     from models.config import ConfigError
     from models.convert import WeightsError
     from models.tokenizer import TokenizerError
+    from rljax.host_memory import retain_freed_host_memory
 
     try:
+        retain_freed_host_memory()
         return job()
     except (CheckpointError, ConfigError, WeightsError, TokenizerError, FileNotFoundError, ValueError) as err:
         print(f"rljax {command}: error: {err}", file=sys.stderr)

@@ -1,0 +1,66 @@
+"""rljax.host_memory: XLA:CPU's freed temporaries are reused instead of page-faulted in again on every run."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+# a program whose temporary ([4096, 8192] float32, 128 MiB) is larger than glibc's 64 MiB thread heaps; the
+# minor page faults of each of 8 runs after the first
+PROBE = """
+import json, resource, sys
+sys.path.insert(0, sys.argv[1])
+from rljax.host_memory import retain_freed_host_memory
+applied = retain_freed_host_memory()
+import jax, jax.numpy as jnp
+
+@jax.jit
+def program(x):
+    y = jnp.outer(x, jnp.arange(8192.0)) + 1.0
+    return jnp.sum(jnp.sin(y) * y, axis=1)
+
+x = jnp.arange(4096.0)
+program(x).block_until_ready()
+faults = []
+for _ in range(8):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    program(x).block_until_ready()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"applied": applied, "faults": faults}))
+"""
+PAGES = 4096 * 8192 * 4 // 4096  # the temporary's 4 KiB pages
+
+
+def _faults(setting: str) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", RLJAX_HOST_MEMORY=setting)
+    out = subprocess.run([sys.executable, "-c", PROBE, str(REPO)], env=env, capture_output=True, text=True,
+                         check=True, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_retained_host_memory_runs_a_program_again_without_faulting_its_temporaries_in():
+    default = _faults("system")
+    retained = _faults("retain")
+    assert not default["applied"] and retained["applied"]
+    # glibc's defaults: every run maps its temporary afresh and touches each page of it
+    assert min(default["faults"]) > PAGES // 2, default
+    # retained: once the heap has grown to the program's footprint, runs reuse it (the last three runs)
+    assert sum(retained["faults"][-3:]) < PAGES // 100, retained
+
+
+def test_an_unknown_host_memory_setting_is_one_clear_error(monkeypatch, capsys):
+    from rljax.cli import main
+    from rljax.host_memory import retain_freed_host_memory
+
+    monkeypatch.setenv("RLJAX_HOST_MEMORY", "tcmalloc")
+    with pytest.raises(ValueError, match="RLJAX_HOST_MEMORY='tcmalloc': expected 'retain'"):
+        retain_freed_host_memory()
+    assert main(["convert", "--dry-run", "--preset", "smollm2_135m"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "rljax convert: error: RLJAX_HOST_MEMORY='tcmalloc': expected 'retain' (the default) or 'system'")

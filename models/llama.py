@@ -17,7 +17,7 @@ from flax import nnx
 
 from models.config import LlamaConfig
 from models.logprobs import token_logprobs_and_entropy
-from models.lora import merged_delta
+from models.lora import lora_matmul, merged_delta
 from models.sharding import constrain
 
 _MASKED = -1e30  # finite, so a query with no visible key (left padding) gives a uniform row, not NaN
@@ -119,14 +119,16 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1, out_dtype: Any = None) 
 
 
 def project(x: jax.Array, p: dict[str, Any], name: str, contract: int = 1) -> jax.Array:
-    """x times the layer weight `name`, plus its LoRA path (x A) B when `p["lora"]` has one (B pre-scaled by
-    alpha / r; see models/lora.py)."""
-    y = dense(x, p[name], contract)
+    """x times the layer weight `name`, through W + A B where `p["lora"]` has an adapter for it (B pre-scaled
+    by alpha / r; `models.lora.lora_matmul`), flattened to 2-D as `dense` does."""
     adapter = p.get("lora", {}).get(name)
-    if adapter is not None:
-        a, b = adapter
-        y = y + dense(dense(x, a, contract), b)
-    return y
+    if adapter is None:
+        return dense(x, p[name], contract)
+    w, (a, b) = p[name], adapter
+    lead, inner = x.shape[:x.ndim - contract], x.shape[x.ndim - contract:]
+    k = int(np.prod(inner))
+    out = lora_matmul(x.reshape(-1, k), w.reshape(k, -1), a.reshape(k, -1), b.reshape(b.shape[0], -1))
+    return out.reshape(*lead, *w.shape[contract:])
 
 
 def _qkv(x_btd: jax.Array, p: dict[str, Any], positions_bt: jax.Array, inv_freq: np.ndarray

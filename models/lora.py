@@ -8,8 +8,9 @@ base weights; `rljax.learner` trains only the first and shares the second (the r
 model with zero adapters, the PPO value model adapts the same base arrays).
 
 Where the adapters act:
-- without a cache (training, scoring): the low-rank path beside each projection, x A B costs r (In + Out)
-  per token instead of a second In x Out matmul, and no gradient is formed for the frozen weights;
+- without a cache (training, scoring): `lora_matmul`, one matmul through the merged weight W + A B (merging
+  costs In r Out per layer, not per token) whose backward forms the adapters' gradients from rank-r products
+  and no gradient for the frozen weight;
 - with a cache (the sampler): `DecoderStack.per_layer` merges W + (alpha / r) A B once per generation call,
   so decoding costs what the base model's does.
 """
@@ -109,6 +110,37 @@ def lora_config_of(model: nnx.Module) -> LoraConfig | None:
 def merged_delta(a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
     """scale * A B: [In..., Out...] for one layer's A [In..., r] and B [r, Out...] (fp32 products)."""
     return (jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1) * scale).astype(a.dtype)
+
+
+@jax.custom_vjp
+def lora_matmul(x: jax.Array, w: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+    """x (W + A B): x [T, In], W [In, Out], A [In, r], B [r, Out] (pre-scaled by alpha / r) -> [T, Out], through
+    the merged weight in x's dtype, as the sampler computes it. Its VJP, for dy [T, Out]:
+    dx = dy (W + A B)^T, dA = x^T (dy B^T), dB = (x A)^T dy, dW = x^T dy (dead code, dropped by XLA, where W is
+    frozen). Against x W + (x A) B with autodiff it saves the low-rank output's matmul and sum, and the rank-r
+    product and sum of dx."""
+    return jnp.dot(x, _merged(w, a, b, x.dtype))
+
+
+def _merged(w: jax.Array, a: jax.Array, b: jax.Array, dtype: Any) -> jax.Array:
+    """W + A B in the weights' dtype, cast to the compute dtype."""
+    return (w + jnp.dot(a, b.astype(a.dtype)).astype(w.dtype)).astype(dtype)
+
+
+def _lora_matmul_fwd(x, w, a, b):
+    return lora_matmul(x, w, a, b), (x, w, a, b)
+
+
+def _lora_matmul_bwd(residuals, dy):
+    x, w, a, b = residuals
+    dx = jnp.dot(dy, _merged(w, a, b, x.dtype).T)
+    dy_b = jnp.dot(dy, b.astype(dy.dtype).T)  # [T, r]
+    x_a = jnp.dot(x, a.astype(x.dtype))  # [T, r]
+    return (dx, jnp.dot(x.T, dy).astype(w.dtype), jnp.dot(x.T, dy_b).astype(a.dtype),
+            jnp.dot(x_a.T, dy).astype(b.dtype))
+
+
+lora_matmul.defvjp(_lora_matmul_fwd, _lora_matmul_bwd)
 
 
 def merge_lora(model: nnx.Module) -> nnx.Module:

@@ -17,7 +17,7 @@ from flax import nnx
 
 from models.config import LlamaConfig
 from models.llama import KVCache, Llama
-from models.lora import LoraConfig, LoraParam, add_lora, merge_lora
+from models.lora import LoraConfig, LoraParam, add_lora, lora_matmul, merge_lora
 from rljax.learner import Learner, LossConfig, OptimConfig
 from tests.test_trainer import synthetic_batch
 
@@ -55,6 +55,22 @@ def test_merged_weights_and_the_cache_path_equal_the_adapter_path():
     merged, _ = merge_lora(model)(tokens)
     assert not jax.tree.leaves(nnx.state(model, LoraParam))
     assert float(jnp.max(jnp.abs(merged - adapter_path))) < 1e-5
+
+
+def test_the_merged_lora_matmul_and_its_gradients_equal_autodiff_of_the_low_rank_path():
+    keys = jax.random.split(jax.random.PRNGKey(3), 5)
+    x, w = jax.random.normal(keys[0], (64, 24)), jax.random.normal(keys[1], (24, 40))
+    a, b = jax.random.normal(keys[2], (24, 4)) / 5, jax.random.normal(keys[3], (4, 40)) / 2
+    dy = jax.random.normal(keys[4], (64, 40))
+    ours, ours_vjp = jax.vjp(lora_matmul, x, w, a, b)
+    autodiff, autodiff_vjp = jax.vjp(lambda x, w, a, b: x @ w + (x @ a) @ b, x, w, a, b)
+    np.testing.assert_allclose(ours, autodiff, rtol=1e-5, atol=1e-5)
+    for name, got, want in zip(("x", "W", "A", "B"), ours_vjp(dy), autodiff_vjp(dy)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4, err_msg=name)
+    # bfloat16 compute with float32 weights: the output and dx in bfloat16, the weights' gradients in float32
+    out, vjp = jax.vjp(lora_matmul, x.astype(jnp.bfloat16), w, a, b)
+    assert out.dtype == jnp.bfloat16
+    assert [g.dtype for g in vjp(dy.astype(jnp.bfloat16))] == [jnp.bfloat16, jnp.float32, jnp.float32, jnp.float32]
 
 
 def test_only_adapters_train_and_carry_optimizer_state():

@@ -36,5 +36,5 @@ def host_memory() -> str:
     from rljax.host_memory import ENV, retain_freed_host_memory
 
     if retain_freed_host_memory():
-        return f"host memory: freed buffers retained and reused ({ENV}=system for glibc's defaults)"
-    return "host memory: glibc's defaults (freed large buffers unmapped and faulted in again)"
+        return f"host memory: freed buffers retained and reused ({ENV}=retain)"
+    return f"host memory: glibc's defaults (freed large buffers unmapped and faulted in again; {ENV}=retain reuses them)"

@@ -26,7 +26,7 @@ else:
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.environ["RLJAX_CACHE"], "xla"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
-# freed XLA:CPU temporaries are reused rather than faulted in again, as under the `rljax` command
+# RLJAX_HOST_MEMORY=retain applies to the test session as to the `rljax` command (rljax.host_memory)
 from rljax.host_memory import retain_freed_host_memory  # noqa: E402
 
 retain_freed_host_memory()

@@ -59,8 +59,8 @@ def test_an_unknown_host_memory_setting_is_one_clear_error(monkeypatch, capsys):
     from rljax.host_memory import retain_freed_host_memory
 
     monkeypatch.setenv("RLJAX_HOST_MEMORY", "tcmalloc")
-    with pytest.raises(ValueError, match="RLJAX_HOST_MEMORY='tcmalloc': expected 'retain'"):
+    with pytest.raises(ValueError, match="RLJAX_HOST_MEMORY='tcmalloc': expected 'system'"):
         retain_freed_host_memory()
     assert main(["convert", "--dry-run", "--preset", "smollm2_135m"]) == 1
     assert capsys.readouterr().err.strip() == (
-        "rljax convert: error: RLJAX_HOST_MEMORY='tcmalloc': expected 'retain' (the default) or 'system'")
+        "rljax convert: error: RLJAX_HOST_MEMORY='tcmalloc': expected 'system' (the default) or 'retain'")

@@ -102,7 +102,8 @@ class KVCache:
         return self.valid_bs.shape[1]
 
 
-def dense(x: jax.Array, w: jax.Array, contract: int = 1, out_dtype: Any = None) -> jax.Array:
+def dense(x: jax.Array, w: jax.Array, contract: int = 1, out_dtype: Any = None,
+          adapter: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
     """Contract the last `contract` axes of x with the first `contract` axes of w as one 2-D matmul over all
     leading (token) axes: [..., In] x [In, Out] -> [..., Out].
 
@@ -114,21 +115,18 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1, out_dtype: Any = None) 
     if w.shape[:contract] != inner:
         raise ValueError(f"dense: input axes {inner} do not match weight axes {w.shape[:contract]}")
     k = int(np.prod(inner))
-    out = jnp.dot(x.reshape(-1, k), w.astype(x.dtype).reshape(k, -1), preferred_element_type=out_dtype)
+    if adapter is None:
+        out = jnp.dot(x.reshape(-1, k), w.astype(x.dtype).reshape(k, -1), preferred_element_type=out_dtype)
+    else:  # LoRA (A [In..., r], B [r, Out...]): one matmul through W + A B (models.lora.lora_matmul)
+        a, b = adapter
+        out = lora_matmul(x.reshape(-1, k), w.reshape(k, -1), a.reshape(k, -1), b.reshape(b.shape[0], -1))
     return out.reshape(*lead, *w.shape[contract:])
 
 
 def project(x: jax.Array, p: dict[str, Any], name: str, contract: int = 1) -> jax.Array:
     """x times the layer weight `name`, through W + A B where `p["lora"]` has an adapter for it (B pre-scaled
     by alpha / r; `models.lora.lora_matmul`), flattened to 2-D as `dense` does."""
-    adapter = p.get("lora", {}).get(name)
-    if adapter is None:
-        return dense(x, p[name], contract)
-    w, (a, b) = p[name], adapter
-    lead, inner = x.shape[:x.ndim - contract], x.shape[x.ndim - contract:]
-    k = int(np.prod(inner))
-    out = lora_matmul(x.reshape(-1, k), w.reshape(k, -1), a.reshape(k, -1), b.reshape(b.shape[0], -1))
-    return out.reshape(*lead, *w.shape[contract:])
+    return dense(x, p[name], contract, adapter=p.get("lora", {}).get(name))
 
 
 def _qkv(x_btd: jax.Array, p: dict[str, Any], positions_bt: jax.Array, inv_freq: np.ndarray

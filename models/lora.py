@@ -124,7 +124,7 @@ def lora_matmul(x: jax.Array, w: jax.Array, a: jax.Array, b: jax.Array) -> jax.A
 
 def _merged(w: jax.Array, a: jax.Array, b: jax.Array, dtype: Any) -> jax.Array:
     """W + A B in the weights' dtype, cast to the compute dtype."""
-    return (w + jnp.dot(a, b.astype(a.dtype)).astype(w.dtype)).astype(dtype)
+    return (w + merged_delta(a, b, 1.0).astype(w.dtype)).astype(dtype)
 
 
 def _lora_matmul_fwd(x, w, a, b):

@@ -185,6 +185,14 @@ def init_state(params: Any, tx: optax.GradientTransformation) -> TrainState:
                         state)
 
 
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def in_compute_dtype(params: Any, dtype: str) -> Any:
+    """A copy of `params` (new buffers, never the inputs forwarded: the policy's are donated to its update) with
+    its floating leaves in `dtype`, each leaf on its own sharding."""
+    return jax.tree.map(lambda x: jnp.copy(x).astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+                        else jnp.copy(x), params)
+
+
 def split_trainable(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
     """(graphdef, frozen, trainable): without LoRA everything trains (frozen is empty); with LoRA adapters
     (models/lora.py) the base weights are frozen and the adapters, plus a value model's head, train."""
@@ -205,6 +213,7 @@ class Learner:
         self.loss = loss
         self.num_micro = num_micro
         self.policy_graphdef, self.policy_frozen, params = split_trainable(policy)
+        self.compute_dtype = jnp.dtype(policy.config.dtype)
         self.policy_tx = make_optimizer(optim)
         self.policy_state = init_state(params, self.policy_tx)
         self.value_graphdef = None
@@ -225,12 +234,16 @@ class Learner:
     def policy_model(self) -> Llama:
         return nnx.merge(self.policy_graphdef, self.policy_frozen, self.policy_state.params)
 
-    def reference_params(self) -> Any:
-        """Trainable params of the reference policy for KL, at the current weights: a copy of the weights, or
-        with LoRA zero adapters (the base model exactly, no copy of the base)."""
+    def reference_params(self, keep_adapters: bool = False) -> Any:
+        """Trainable params of the reference policy for KL, at the current weights: a copy of the weights held in
+        the compute dtype (`config.dtype`; every use casts a weight to it, so the reference scores exactly what
+        the float32 master weights would, in half their bytes under bfloat16 compute), or with LoRA zero adapters
+        (the base model exactly, no copy of the base; `keep_adapters`: a copy of the current adapters, e.g. the
+        warmed-up policy)."""
         if jax.tree.leaves(self.policy_frozen):
-            return jax.tree.map(jnp.zeros_like, self.policy_state.params)
-        return jax.tree.map(jnp.copy, self.policy_state.params)
+            copy = jnp.copy if keep_adapters else jnp.zeros_like
+            return jax.tree.map(copy, self.policy_state.params)
+        return in_compute_dtype(self.policy_state.params, self.compute_dtype.name)
 
     def score(self, params: Any, batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """(logprobs, entropy) [B, L] of the batch's tokens under `params` (the policy's or the reference's)."""

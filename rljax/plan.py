@@ -1,7 +1,7 @@
 """Will a run config fit a pod slice? Per-chip memory of every resident copy and of each phase's peak.
 
 Resident for the whole run: the policy (params + AdamW's two moments), the frozen reference policy (unless KL
-is weighted 0), and for PPO the value model (params + moments). With LoRA (`model.lora`): the frozen base, the
+is weighted 0; held in the compute dtype), and for PPO the value model (params + moments). With LoRA (`model.lora`): the frozen base, the
 adapters and AdamW moments of the adapters only; no reference copy (the reference is the base with the adapters
 off); a PPO value model that shares the base and adds its own adapters and head. On top of that, at different
 times:
@@ -166,8 +166,8 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
     if lora is None:
         trained, value_trained = policy, value
         comp = {"policy params": policy, "policy AdamW moments": moments * policy}
-        if config.algo.kl_beta:  # the trainer keeps no reference copy when KL is weighted 0
-            comp["reference params"] = policy
+        if config.algo.kl_beta:  # no reference copy when KL is weighted 0; else one in the compute dtype
+            comp["reference params"] = int(policy * _itemsize(arch.dtype) / _itemsize(arch.param_dtype))
         if ppo:
             comp.update({"value params": value, "value AdamW moments": value_moments * value})
     else:

@@ -164,7 +164,7 @@ class Trainer:
                 log.info("warm-up step %d/%d: nll %.4f", i + 1, w.steps, rows[-1]["nll"])
         warmup.finish()
         if self.ref_params is not None:  # KL to the warmed policy (as RLHF's reference is the SFT model)
-            self.ref_params = jax.tree.map(jnp.copy, self.learner.policy_state.params)
+            self.ref_params = self.learner.reference_params(keep_adapters=True)
             self.reference_saved = True
         if distributed.is_primary():
             (self.workdir / WARMUP_FILE).write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -158,6 +158,35 @@ def test_bfloat16_compute_trains_float32_master_weights(param_dtype):
     assert moved > 0.99 if param_dtype == "float32" else moved < 0.02, moved
 
 
+def test_the_reference_policy_is_held_in_the_compute_dtype_and_scores_as_the_master_weights():
+    """Under bfloat16 compute with float32 master weights, KL's frozen reference is held in bfloat16: half the
+    bytes, and exactly the logprobs the float32 weights give (every use casts a weight to the compute dtype). It
+    is a copy: the policy's update (which donates the policy's buffers) leaves it readable and unchanged."""
+    from rljax.run_config import base_config, build_policy
+
+    model_cfg = base_config().model
+    model_cfg.update({"preset": "tiny", "overrides": {"vocab_size": 64}, "dtype": "bfloat16"})
+    policy, _ = build_policy(model_cfg)
+    learner = Learner(policy, LossConfig("grpo"), OptimConfig(1e-3, 0), 1)
+    reference = learner.reference_params()
+    leaves, masters = jax.tree.leaves(reference), jax.tree.leaves(learner.policy_state.params)
+    assert {x.dtype for x in leaves} == {jax.numpy.dtype("bfloat16")}
+    assert sum(x.nbytes for x in leaves) * 2 == sum(x.nbytes for x in masters)
+    batch = {k: jax.numpy.asarray(v) for k, v in synthetic_batch(4, 12, 64).items()}
+    before = np.asarray(learner.score(learner.policy_state.params, batch)[0])
+    np.testing.assert_array_equal(np.asarray(learner.score(reference, batch)[0]), before)
+    learner.update_policy(batch)
+    assert np.abs(np.asarray(learner.score(learner.policy_state.params, batch)[0]) - before).max() > 0
+    np.testing.assert_array_equal(np.asarray(learner.score(reference, batch)[0]), before)
+    # float32 compute: the reference is a float32 copy, not the policy's buffers
+    model_cfg.dtype = "float32"
+    policy32, _ = build_policy(model_cfg)
+    learner32 = Learner(policy32, LossConfig("grpo"), OptimConfig(1e-3, 0), 1)
+    reference32 = learner32.reference_params()
+    assert all(r is not m and r.dtype == np.float32 for r, m in
+               zip(jax.tree.leaves(reference32), jax.tree.leaves(learner32.policy_state.params)))
+
+
 def test_warmup_schedule_and_no_warmup_moves_from_the_first_update():
     from rljax.learner import learning_rate_schedule
 

@@ -26,7 +26,7 @@ row, and where decode is memory-bound the batch size matters less than the bytes
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import flax.struct
 import jax
@@ -117,21 +117,53 @@ def _copy_columns(full: KVCache, part: KVCache, source_a: jax.Array, row_a: jax.
     return KVCache(keys, values, full.valid_bs.at[dst, column_aw].set(True, mode="drop"), full.index)
 
 
+def slot_shards(mesh_rules: Any, slots: int) -> int:
+    """Into how many blocks of consecutive slots the mesh splits `slots` slots (1: no mesh, or one that does not
+    split them): block s is on the chips of batch shard s."""
+    if mesh_rules is None:
+        return 1
+    mesh, rules = mesh_rules
+    return slots // batch_sharding(mesh, 1, rules, batch_size=slots).shard_shape((slots,))[0]
+
+
 def decodes_every_slot(mesh_rules: Any, slots: int) -> bool:
     """Whether `decode` should compute every slot (`rows_c` None): where the mesh splits the slots over shards,
     a gather of named rows would gather them onto every chip."""
-    if mesh_rules is None:
-        return False
-    mesh, rules = mesh_rules
-    return batch_sharding(mesh, 1, rules, batch_size=slots).shard_shape((slots,))[0] < slots
+    return slot_shards(mesh_rules, slots) > 1
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window", "fresh"),
+def slot_order(slots: int, shards: int, group: int) -> list[int]:
+    """The order in which new sequences take free slots: `group` consecutive sequences (answers sharing a prompt)
+    on consecutive slots of one block, successive groups on successive blocks. One admission then spreads over
+    every block (each prefills its share on its own chips), and a group's prompt is prefilled in one block (in
+    as few as it spans where a group outgrows a block). Without blocks (`shards` 1): slot order."""
+    block = slots // shards
+    run = max(1, min(group, block))
+    return sorted(range(slots), key=lambda b: ((b % block) // run, b // block, b % run))
+
+
+def _by_shard(shards: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(shard, *blocks) on each of `shards` blocks of consecutive rows of every array in `args` (each leading
+    axis split evenly), the results' blocks put back in order. A gather or scatter of rows named by global index
+    across a sharded axis is all-gathered onto every chip by the SPMD partitioner (it cannot know the indices
+    stay on their shard); over the blocks it is a batched one, which stays on each block's chips. `fn` maps a
+    global row index g of a block of n rows to its local g - shard * n (an index past the block: padding)."""
+    if shards == 1:
+        return fn(jnp.zeros((), jnp.int32), *args)
+    for x in jax.tree.leaves(args):
+        if x.shape[0] % shards:
+            raise ValueError(f"models.slots: {x.shape[0]} rows do not split into {shards} blocks of slots")
+    split = lambda x: x.reshape((shards, x.shape[0] // shards) + x.shape[1:])  # noqa: E731
+    out = jax.vmap(fn)(jnp.arange(shards), *jax.tree.map(split, args))
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), out)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window", "fresh", "shards"),
                    donate_argnames=("state",))
 def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SlotState, tokens_ut: jax.Array,
           length_u: jax.Array, row_u: jax.Array, reset_u: jax.Array, slot_a: jax.Array, source_a: jax.Array,
           sequence_a: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static,
-          mesh_rules: Any, window: int, fresh: bool = False) -> SlotState:
+          mesh_rules: Any, window: int, fresh: bool = False, shards: int = 1) -> SlotState:
     """Prefill U segments and start A slots on them. Segment u is `tokens_ut[u, :length_u[u]]` (right-padded):
     with `reset_u`, a new sequence's prompt (a cleared row, from column and position 0); otherwise a
     continuation of slot `row_u[u]`'s row, starting with its pending token. Slot `slot_a[a]` (a slot index past
@@ -142,31 +174,45 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
     Cost: the U segments attend to their rows' first `window` columns (gathered once); only the segments' own
     columns are written into the slots' rows. `fresh` (every segment a new sequence: `reset_u` all true) gathers
     no rows: the segments start from blank rows (on a mesh that splits the slots, a gather of rows is an
-    all-gather of them onto every chip)."""
+    all-gather of them onto every chip).
+
+    `shards` (`slot_shards`: the blocks of consecutive slots the mesh splits the slots into): the segments, the
+    admissions and the slots are laid out in as many blocks, and segment u of block s serves (and continues) only
+    slots of block s, so the rows' keys and values are read and written where they are (`_by_shard`); the host
+    lays them out so (`rljax.engine`), computing a prompt shared by slots of two blocks once in each."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         fill_u = jnp.where(reset_u, 0, state.fill_b[row_u])
         start_u = jnp.where(reset_u, 0, state.position_b[row_u])
         offsets = jnp.arange(tokens_ut.shape[1])[None, :]
         columns = jnp.where(offsets < length_u[:, None], fill_u[:, None] + offsets, window)
+        slots_per_block = state.fill_b.shape[0] // shards
+        segments_per_block = tokens_ut.shape[0] // shards
+        cache = state.cache.replace(index=None)  # blocks of rows only (`_by_shard`)
         if fresh:
             history = _constrain_cache(KVCache.init(model.config, tokens_ut.shape[0], window,
                                                     state.cache.k_bkhs[0].dtype))
         else:
-            history = _rows_of(state.cache, row_u, window)
-            history = history.replace(valid_bs=history.valid_bs & ~reset_u[:, None])
+            history = _by_shard(shards, lambda shard, cache, row_u: _rows_of(
+                cache, row_u - shard * slots_per_block, window), cache, row_u)
+            history = history.replace(valid_bs=history.valid_bs & ~reset_u[:, None], index=state.cache.index)
         h_utd, part = model.layers.with_row_cache(model.embed(tokens_ut), start_u[:, None] + offsets, columns,
                                                   history, layers)
-        # what a new sequence's row held goes
-        if fresh:
-            kept = jnp.zeros((slot_a.shape[0], state.cache.length), bool)
-        else:
-            kept = _take_rows(state.cache.valid_bs, slot_a) & ~reset_u[source_a][:, None]
-        cache = state.cache.replace(valid_bs=state.cache.valid_bs.at[slot_a].set(kept, mode="drop"))
-        cache = _copy_columns(cache, part, source_a, slot_a, fill_u[source_a], length_u[source_a],
-                              tokens_ut.shape[1])
+
+        def start_rows(shard: jax.Array, cache: KVCache, part: KVCache, slot_a: jax.Array, source_a: jax.Array,
+                       first_a: jax.Array, count_a: jax.Array, reset_a: jax.Array) -> KVCache:
+            slot_a, source_a = slot_a - shard * slots_per_block, source_a - shard * segments_per_block
+            # what a new sequence's row held goes
+            kept = (jnp.zeros((slot_a.shape[0], cache.length), bool) if fresh
+                    else _take_rows(cache.valid_bs, slot_a) & ~reset_a[:, None])
+            cache = cache.replace(valid_bs=cache.valid_bs.at[slot_a].set(kept, mode="drop"))
+            return _copy_columns(cache, part, source_a, slot_a, first_a, count_a, tokens_ut.shape[1])
+
+        cache = _by_shard(shards, start_rows, cache, part.replace(index=None), slot_a, source_a, fill_u[source_a],
+                          length_u[source_a], reset_u[source_a]).replace(index=state.cache.index)
         last_h = jnp.take_along_axis(h_utd, jnp.maximum(length_u - 1, 0)[:, None, None], axis=1)
-        logits = model.logits(model.final_norm(last_h))[:, 0][source_a]
+        logits = _by_shard(shards, lambda shard, logits_uv, source_a: (
+            logits_uv[source_a - shard * segments_per_block]), model.logits(model.final_norm(last_h))[:, 0], source_a)
         position = (start_u + length_u)[source_a]
         token, logprob, entropy = _pick_rows(logits, key, sequence_a, position, temperature, top_p, static)
         is_stop = (jnp.isin(token, jnp.asarray(static.stop_ids, jnp.int32)) if static.stop_ids

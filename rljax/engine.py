@@ -34,7 +34,7 @@ from executor.pool import ExecutorPool
 from models.llama import KVCache
 from models.sampler import FINISH_EOS, FINISH_LENGTH, Completion, Sampler, SamplingParams, attention_window
 from models.sharding import host_array
-from models.slots import SlotState, admit, decode, decodes_every_slot, host_rows
+from models.slots import SlotState, admit, decode, decodes_every_slot, host_rows, slot_order, slot_shards
 from rljax.dialog import DialogCodec
 from rljax.distributed import allgather_objects, gather_rows
 from rljax.envs.base import Env, Episode
@@ -85,6 +85,8 @@ class SlotRolloutRunner(RolloutRunner):
         static = self.sampler._static(self.sampling)
         granule = self._decode_granule(slots)
         compact = not decodes_every_slot(self.sampler._mesh_rules, slots)
+        group = max(collections.Counter(groups).values(), default=1)  # answers per prompt (GRPO's G)
+        order = slot_order(slots, slot_shards(self.sampler._mesh_rules, slots), group)
         owner, phase = [-1] * slots, [FREE] * slots
         scoring: dict[int, cf.Future] = {}  # slot -> the score of this process's dialog in it
         waiting = collections.deque(range(len(every)))
@@ -113,7 +115,7 @@ class SlotRolloutRunner(RolloutRunner):
                 admissions.append(resuming.popleft() + (False,))
                 budget -= 1
             prompts_in: set[tuple[int, ...]] = set()  # the new dialogs' distinct prompts (a group shares one)
-            for b in range(slots):
+            for b in order:
                 if phase[b] == FREE and waiting:
                     i = waiting[0]
                     prompt, name = every[i]
@@ -205,36 +207,48 @@ class SlotRolloutRunner(RolloutRunner):
                top_p: jax.Array, static: object) -> SlotState:
         """One prefill for every admitted slot: each continuation is its own segment, and new dialogs with the
         same prompt (a GRPO group) share one. Segment count and width are padded to powers of two and the
-        slots to the batch, so a run compiles few variants."""
+        slots to the batch, so a run compiles few variants. Where the mesh splits the slots into blocks
+        (`models.slots.slot_shards`), each block gets its own segments (a group's prompt is computed once per
+        block that holds its slots), so every key and value is computed and written on its slot's chips."""
         slots = len(owner)
-        segments: list[list[int]] = []
-        row, reset, source = [], [], []
-        first_of: dict[tuple[int, ...], int] = {}
+        shards = slot_shards(self.sampler._mesh_rules, slots)
+        block = slots // shards
+        segments: list[list[list[int]]] = [[] for _ in range(shards)]  # per block: its segments' ids
+        seg_row: list[list[tuple[int, bool]]] = [[] for _ in range(shards)]  # per block: (row, new) per segment
+        starts: list[list[tuple[int, int]]] = [[] for _ in range(shards)]  # per block: (slot, its segment)
+        first_of: list[dict[tuple[int, ...], int]] = [{} for _ in range(shards)]
         for b, ids, new in admissions:
-            u = first_of.setdefault(tuple(ids), len(segments)) if new else len(segments)
-            if u == len(segments):
-                segments.append(ids)
-                row.append(b)
-                reset.append(new)
-            source.append(u)
-        count = min(1 << (len(segments) - 1).bit_length(), slots)
-        longest = max(len(ids) for ids in segments)  # widths in powers of two: few compiled variants
+            s = b // block
+            u = first_of[s].setdefault(tuple(ids), len(segments[s])) if new else len(segments[s])
+            if u == len(segments[s]):
+                segments[s].append(ids)
+                seg_row[s].append((b, new))
+            starts[s].append((b, u))
+        per_block = min(1 << (max(len(x) for x in segments) - 1).bit_length(), block)
+        per_block_a = min(1 << (max(len(x) for x in starts) - 1).bit_length(), block)
+        longest = max(len(ids) for x in segments for ids in x)  # widths in powers of two: few compiled variants
         width = max(self.sampler.length_bucket, 1 << (longest - 1).bit_length())
+        count, width_a = per_block * shards, per_block_a * shards
         tokens = np.full((count, width), self.sampler.pad_id, np.int32)
-        length, row_u, reset_u = np.zeros(count, np.int32), np.zeros(count, np.int32), np.ones(count, bool)
-        for u, ids in enumerate(segments):
-            tokens[u, :len(ids)], length[u], row_u[u], reset_u[u] = ids, len(ids), row[u], reset[u]
-        width_a = min(1 << (len(admissions) - 1).bit_length(), slots)
-        slot_a, source_a, sequence_a = (np.full(width_a, slots, np.int32), np.zeros(width_a, np.int32),
-                                        np.zeros(width_a, np.int32))
-        for a, ((b, _, _), u) in enumerate(zip(admissions, source)):
-            slot_a[a], source_a[a], sequence_a[a] = b, u, owner[b]
+        length, reset_u = np.zeros(count, np.int32), np.ones(count, bool)
+        row_u = np.repeat(np.arange(shards, dtype=np.int32) * block, per_block)  # padding: the block's first slot
+        slot_a = np.full(width_a, slots, np.int32)
+        source_a = np.repeat(np.arange(shards, dtype=np.int32) * per_block, per_block_a)
+        sequence_a = np.zeros(width_a, np.int32)
+        for s in range(shards):
+            for j, (ids, (b, new)) in enumerate(zip(segments[s], seg_row[s])):
+                u = s * per_block + j
+                tokens[u, :len(ids)], length[u], row_u[u], reset_u[u] = ids, len(ids), b, new
+            for j, (b, u) in enumerate(starts[s]):
+                a = s * per_block_a + j
+                slot_a[a], source_a[a], sequence_a[a] = b, s * per_block + u, owner[b]
         self.sampler.check_token_ids(tokens, "rollout")
         end = max((0 if new else int(rows["fill_b"][b])) + len(ids) for b, ids, new in admissions)
         window = attention_window(end, self.cache_capacity)
         arrays = (tokens, length, row_u, reset_u, slot_a, source_a, sequence_a)
         return admit(*weights, state, *(jnp.asarray(x) for x in arrays), key, temperature, top_p, static=static,
-                     mesh_rules=self.sampler._mesh_rules, window=window, fresh=all(new for _, _, new in admissions))
+                     mesh_rules=self.sampler._mesh_rules, window=window, fresh=all(new for _, _, new in admissions),
+                     shards=shards)
 
 
 def rollout_runner(config: object, sampler: Sampler, codec: DialogCodec, env: Env, pool: ExecutorPool,

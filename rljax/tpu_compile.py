@@ -294,7 +294,7 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     new dialog, the G dialogs of a problem sharing one prompt segment of `width` tokens (a power of two, as the
     engine pads), then the decode loop over all slots at the full window."""
     from models.sampler import attention_window, cache_shardings
-    from models.slots import SlotState, admit, decode, decodes_every_slot
+    from models.slots import SlotState, admit, decode, decodes_every_slot, slot_order, slot_shards
 
     slots = r.slots or dialogs
     cache = jax.eval_shape(lambda: KVCache.init(arch, slots, r.cache_capacity))
@@ -303,21 +303,29 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
                            state.replace(cache=None))  # every other field is [slots, ...]
     state = _sharded(state, rows_of.replace(cache=cache_shardings(state.cache, mesh)))
     prompts = min(math.ceil(slots / r.samples_per_problem), r.admit_rows or slots)
-    segments = min(1 << (prompts - 1).bit_length(), slots)
+    # as rljax.engine lays them out: dialog i on slot order[i] (models.slots.slot_order), each block of slots its
+    # own segments (a prompt once per block that holds some of its group), counts padded to powers of two per block
+    shards = slot_shards(mesh_rules, slots)
+    block, group = slots // shards, r.samples_per_problem
+    order = slot_order(slots, shards, group)
+    started = range(min(slots, prompts * group))
+    groups = [{i // group for i in started if order[i] // block == s} for s in range(shards)]
+    per_block = min(1 << (max(len(g) for g in groups) - 1).bit_length(), block)
+    segments = per_block * shards
     width = min(1 << (width - 1).bit_length(), r.cache_capacity)
     args = (rows((segments, width), jnp.int32), rows((segments,), jnp.int32), rows((segments,), jnp.int32),
             rows((segments,), jnp.bool_), rows((slots,), jnp.int32), rows((slots,), jnp.int32),
             rows((slots,), jnp.int32))
     window = attention_window(width, r.cache_capacity)
     admitted = _compile(admit.lower(*weights, state, *args, *sampling, static=static, mesh_rules=mesh_rules,
-                                    window=window, fresh=True))
+                                    window=window, fresh=True, shards=shards))
     state = _sharded(jax.eval_shape(lambda *a: admit(*a, static=static, mesh_rules=mesh_rules, window=window,
-                                                     fresh=True),
+                                                     fresh=True, shards=shards),
                                     *weights, state, *args, *sampling), admitted.compiled.output_shardings)
     named = None if decodes_every_slot(mesh_rules, slots) else rows((slots,), jnp.int32)  # as rljax.engine
     decoded = _compile(decode.lower(*weights, state, named, *sampling, static=static, mesh_rules=mesh_rules,
                                     window=r.cache_capacity, steps=r.check_every))
-    return [_phase(f"engine admit ({segments} prompts x {width} tokens -> {slots} slots)", admitted),
+    return [_phase(f"engine admit ({segments} prompt segments x {width} tokens -> {slots} slots)", admitted),
             _phase(f"engine decode ({slots} slots, {r.cache_capacity}-slot window)", decoded)]
 
 

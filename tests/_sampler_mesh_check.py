@@ -60,11 +60,61 @@ def run_slots(sampler, prompts, compact=True):
     return tokens, large_gathers(hlo, "gather|all-gather")
 
 
-def large_gathers(hlo: str, ops: str = "all-gather") -> int:
+def run_engine_admissions(sampler, prompts):
+    """The engine's admissions (`rljax.engine.SlotRolloutRunner._admit`: on a mesh that splits the slots, each
+    block of slots gets its own segments): new dialogs on slots 0-4, then 5-7 with 0-4 decoding, then feedback
+    turns continuing slots 1 and 6 (two blocks) from their rows; greedy, every slot decoded (as on a mesh).
+    Returns every turn's tokens and the floating-point all-gathers (keys, values, logits) of >= 1024 elements in
+    the compiled admissions (an admission still gathers its [A, width, 2] scatter indices)."""
+    from rljax.engine import SlotRolloutRunner
+
+    sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
+    weights, static = sampler._weights(), sampler._static(sampling)
+    state = slots.SlotState.init(sampler._place(KVCache.init(sampler.model.config, 8, 128)), 12)
+    one = (jnp.float32(1.0), jnp.float32(1.0))
+    runner = type("Runner", (), {"sampler": sampler, "cache_capacity": 128})()
+    owner, gathers = list(range(8)), []
+
+    def admit(state, admissions):
+        captured = {}
+        real = slots.admit
+
+        def capture(*args, **kwargs):
+            captured["hlo"] = real.lower(*args, **kwargs).compile().as_text()
+            return real(*args, **kwargs)
+
+        import rljax.engine as engine
+        engine.admit = capture
+        try:
+            state = SlotRolloutRunner._admit(runner, weights, state, admissions, owner, slots.host_rows(state),
+                                             jax.random.key(0), *one, static)
+        finally:
+            engine.admit = real
+        gathers.append(large_gathers(captured["hlo"], dtypes="f|bf"))
+        return state
+
+    def decode(state, steps):
+        return slots.decode(*weights, state, None, jax.random.key(0), *one, static=static,
+                            mesh_rules=sampler._mesh_rules, window=128, steps=steps)
+
+    def turn_tokens(state, rows):
+        count = slots.host_rows(state)["count_b"]
+        return [np.asarray(state.tokens_bn)[b, :count[b]].tolist() for b in rows]
+
+    state = decode(admit(state, [(b, prompts[b], True) for b in range(5)]), 4)
+    state = decode(admit(state, [(b, prompts[b], True) for b in range(5, 8)]), 100)
+    first = turn_tokens(state, range(8))
+    last = slots.host_rows(state)["last_b"]
+    state = decode(admit(state, [(b, [int(last[b]), 5, 6], False) for b in (1, 6)]), 100)
+    return first + turn_tokens(state, (1, 6)), gathers
+
+
+def large_gathers(hlo: str, ops: str = "all-gather", dtypes: str = "[a-z]") -> int:
     """`ops` (all-gathers; or gathers too) of at least 1024 elements in a compiled program: the tiny model's
     smallest weight, [64, 16], and a cache layer's rows are larger; per-row bookkeeping such as [8] flags,
-    [8, 12] tokens or one token's [8, 1, 1, 16] query is not."""
-    shapes = re.findall(rf"= [a-z0-9]+\[([0-9,]*)\][^=]* (?:{ops})(?:-start)?\(", hlo)
+    [8, 12] tokens or one token's [8, 1, 1, 16] query is not. `dtypes`: the element types counted (the start of
+    their names, a regex)."""
+    shapes = re.findall(rf"= (?:{dtypes})[a-z0-9]*\[([0-9,]*)\][^=]* (?:{ops})(?:-start)?\(", hlo)
     return sum(math.prod(int(d) for d in shape.split(",") if d) >= 1024 for shape in shapes)
 
 
@@ -99,7 +149,9 @@ def main() -> None:
                       "decode_weight_gathers_training_layout": decode_weight_gathers(training_layout, state),
                       "single_slots": run_slots(Sampler(Llama(cfg, rngs=nnx.Rngs(0))), prompts),
                       "sharded_slots": run_slots(Sampler(sharded_model, mesh=mesh), prompts, compact=False),
-                      "sharded_slots_compact": run_slots(Sampler(sharded_model, mesh=mesh), prompts)}))
+                      "sharded_slots_compact": run_slots(Sampler(sharded_model, mesh=mesh), prompts),
+                      "single_engine": run_engine_admissions(Sampler(Llama(cfg, rngs=nnx.Rngs(0))), prompts),
+                      "sharded_engine": run_engine_admissions(Sampler(sharded_model, mesh=mesh), prompts)}))
 
 
 if __name__ == "__main__":

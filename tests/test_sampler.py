@@ -343,6 +343,12 @@ def test_eight_device_mesh_gives_the_same_greedy_tokens():
     assert result["single_slots"][0] == result["sharded_slots"][0] == result["sharded_slots_compact"][0]
     assert result["single_slots"][0] == result["single"]
     assert result["sharded_slots"][1] == 0 < result["sharded_slots_compact"][1], result
+    # the engine's admissions (new dialogs at two times, then feedback turns continuing slots of two blocks):
+    # the same tokens on the mesh, every key and value computed and written on its slot's chips (one block of
+    # segments per block of slots): no all-gather of cache rows or segments in any admission
+    assert result["single_engine"][0] == result["sharded_engine"][0], result
+    assert result["single_engine"][0][:8] == result["single"]
+    assert result["sharded_engine"][1] == [0, 0, 0], result
 
 
 def test_float32_master_weights_sample_what_their_bfloat16_compute_model_samples():

@@ -18,7 +18,7 @@ from flax import nnx
 from models.config import LlamaConfig
 from models.logprobs import token_logprobs_and_entropy
 from models.lora import lora_matmul, merged_delta
-from models.sharding import constrain
+from models.sharding import constrain, mesh_active
 
 _MASKED = -1e30  # finite, so a query with no visible key (left padding) gives a uniform row, not NaN
 
@@ -221,12 +221,17 @@ def _row_cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_b
     """As `_cached_attention`, but token t of row b is written at its own slot columns_bt[b, t] (each row
     fills its cache at its own pace; a column past the buffer drops the write: padding, idle rows)."""
     q_btnh, k_btkh, v_btkh = _qkv(x_btd, p, positions_bt, inv_freq)
-    # a scatter per row (batched over the rows, not indexed by them): each row's writes stay on its own chips
-    # where the rows are sharded, where an index into the row axis makes the partitioner all-gather them
-    k_bkhs = jax.vmap(lambda k_khs, c_t, k_tkh: k_khs.at[:, :, c_t].set(k_tkh.transpose(1, 2, 0), mode="drop"))(
-        k_bkhs, columns_bt, k_btkh.astype(k_bkhs.dtype))
-    v_bksh = jax.vmap(lambda v_ksh, c_t, v_tkh: v_ksh.at[:, c_t, :].set(v_tkh.transpose(1, 0, 2), mode="drop"))(
-        v_bksh, columns_bt, v_btkh.astype(v_bksh.dtype))
+    k_btkh, v_btkh = k_btkh.astype(k_bkhs.dtype), v_btkh.astype(v_bksh.dtype)
+    if mesh_active():  # a scatter per row, batched over the rows: each row's writes stay on its own chips, where
+        # an index into the sharded row axis makes the partitioner all-gather the new keys and values
+        k_bkhs = jax.vmap(lambda k_khs, c_t, k_tkh: k_khs.at[:, :, c_t].set(k_tkh.transpose(1, 2, 0), mode="drop")
+                          )(k_bkhs, columns_bt, k_btkh)
+        v_bksh = jax.vmap(lambda v_ksh, c_t, v_tkh: v_ksh.at[:, c_t, :].set(v_tkh.transpose(1, 0, 2), mode="drop")
+                          )(v_bksh, columns_bt, v_btkh)
+    else:  # the same values; 3% faster on XLA:CPU (a SmolLM2 decode step of 32 rows at a 256-column window)
+        rows = jnp.arange(x_btd.shape[0])[:, None]
+        k_bkhs = k_bkhs.at[rows, :, :, columns_bt].set(k_btkh, mode="drop")
+        v_bksh = v_bksh.at[rows, :, columns_bt, :].set(v_btkh, mode="drop")
     return dense(_attend_cache(q_btnh, k_bkhs, v_bksh, allowed_bts), p["o_nhd"], contract=2), k_bkhs, v_bksh
 
 

@@ -114,6 +114,11 @@ def use_mesh(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Iterator[Mesh]:
         _ACTIVE.reset(token)
 
 
+def mesh_active() -> bool:
+    """Whether a mesh is active (`use_mesh`): the code traced now is partitioned over it."""
+    return _ACTIVE.get() is not None
+
+
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
     """with_sharding_constraint by logical axis names; identity when no mesh is active."""
     active = _ACTIVE.get()

@@ -212,21 +212,9 @@ class SlotRolloutRunner(RolloutRunner):
         block that holds its slots), so every key and value is computed and written on its slot's chips."""
         slots = len(owner)
         shards = slot_shards(self.sampler._mesh_rules, slots)
+        segments, starts, per_block, per_block_a = admission_layout(admissions, slots, shards)
         block = slots // shards
-        segments: list[list[list[int]]] = [[] for _ in range(shards)]  # per block: its segments' ids
-        seg_row: list[list[tuple[int, bool]]] = [[] for _ in range(shards)]  # per block: (row, new) per segment
-        starts: list[list[tuple[int, int]]] = [[] for _ in range(shards)]  # per block: (slot, its segment)
-        first_of: list[dict[tuple[int, ...], int]] = [{} for _ in range(shards)]
-        for b, ids, new in admissions:
-            s = b // block
-            u = first_of[s].setdefault(tuple(ids), len(segments[s])) if new else len(segments[s])
-            if u == len(segments[s]):
-                segments[s].append(ids)
-                seg_row[s].append((b, new))
-            starts[s].append((b, u))
-        per_block = min(1 << (max(len(x) for x in segments) - 1).bit_length(), block)
-        per_block_a = min(1 << (max(len(x) for x in starts) - 1).bit_length(), block)
-        longest = max(len(ids) for x in segments for ids in x)  # widths in powers of two: few compiled variants
+        longest = max(len(ids) for x in segments for ids, _, _ in x)  # widths in powers of two: few variants
         width = max(self.sampler.length_bucket, 1 << (longest - 1).bit_length())
         count, width_a = per_block * shards, per_block_a * shards
         tokens = np.full((count, width), self.sampler.pad_id, np.int32)
@@ -236,7 +224,7 @@ class SlotRolloutRunner(RolloutRunner):
         source_a = np.repeat(np.arange(shards, dtype=np.int32) * per_block, per_block_a)
         sequence_a = np.zeros(width_a, np.int32)
         for s in range(shards):
-            for j, (ids, (b, new)) in enumerate(zip(segments[s], seg_row[s])):
+            for j, (ids, b, new) in enumerate(segments[s]):
                 u = s * per_block + j
                 tokens[u, :len(ids)], length[u], row_u[u], reset_u[u] = ids, len(ids), b, new
             for j, (b, u) in enumerate(starts[s]):
@@ -249,6 +237,27 @@ class SlotRolloutRunner(RolloutRunner):
         return admit(*weights, state, *(jnp.asarray(x) for x in arrays), key, temperature, top_p, static=static,
                      mesh_rules=self.sampler._mesh_rules, window=window, fresh=all(new for _, _, new in admissions),
                      shards=shards)
+
+
+def admission_layout(admissions: Sequence[tuple[int, list[int], bool]], slots: int, shards: int
+                     ) -> tuple[list[list[tuple[list[int], int, bool]]], list[list[tuple[int, int]]], int, int]:
+    """How one admission of (slot, ids, new dialog) entries is laid out over the `shards` blocks of consecutive
+    slots: per block, its segments (ids, the slot whose row it prefills, new) and its starts (slot, the index of
+    its segment in the block), new dialogs with the same ids in one block sharing a segment; then the segments and
+    the starts per block, padded to powers of two (at most a block)."""
+    block = slots // shards
+    segments: list[list[tuple[list[int], int, bool]]] = [[] for _ in range(shards)]
+    starts: list[list[tuple[int, int]]] = [[] for _ in range(shards)]
+    first_of: list[dict[tuple[int, ...], int]] = [{} for _ in range(shards)]
+    for b, ids, new in admissions:
+        s = b // block
+        u = first_of[s].setdefault(tuple(ids), len(segments[s])) if new else len(segments[s])
+        if u == len(segments[s]):
+            segments[s].append((ids, b, new))
+        starts[s].append((b, u))
+    per_block = min(1 << (max(len(x) for x in segments) - 1).bit_length(), block)
+    per_block_a = min(1 << (max(len(x) for x in starts) - 1).bit_length(), block)
+    return segments, starts, per_block, per_block_a
 
 
 def rollout_runner(config: object, sampler: Sampler, codec: DialogCodec, env: Env, pool: ExecutorPool,

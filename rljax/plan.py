@@ -1,10 +1,10 @@
 """Will a run config fit a pod slice? Per-chip memory of every resident copy and of each phase's peak.
 
 Resident for the whole run: the policy (params + AdamW's two moments), the frozen reference policy (unless KL
-is weighted 0; held in the compute dtype), and for PPO the value model (params + moments). With LoRA (`model.lora`): the frozen base, the
-adapters and AdamW moments of the adapters only; no reference copy (the reference is the base with the adapters
-off); a PPO value model that shares the base and adds its own adapters and head. On top of that, at different
-times:
+is weighted 0; held in the compute dtype), and for PPO the value model (params + moments). With LoRA
+(`model.lora`): the frozen base, the adapters and AdamW moments of the adapters only; no reference copy (the
+reference is the base with the adapters off); a PPO value model that shares the base and adds its own adapters
+and head. On top of that, at different times:
 - rollout: the sampler's per-layer copies of the decoder weights (with `rollout.replicate_weights`, whole on
   every data/fsdp shard, with a copy of the head), the KV cache of every dialog of the step (each
   rollout chunk keeps its cache between turns) and the prefill's attention scores for one chunk;
@@ -162,12 +162,13 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
     lora = lora_config(config.model)
     abstract_policy = nnx.eval_shape(lambda: Llama(arch, rngs=nnx.Rngs(0)))
     policy = _shard_bytes(nnx.state(abstract_policy), sizes)
+    in_compute = _itemsize(arch.dtype) / _itemsize(arch.param_dtype)  # a copy in the compute dtype, per byte
     value = _shard_bytes(nnx.state(nnx.eval_shape(lambda: LlamaValueModel(arch, rngs=nnx.Rngs(0)))), sizes)
     if lora is None:
         trained, value_trained = policy, value
         comp = {"policy params": policy, "policy AdamW moments": moments * policy}
         if config.algo.kl_beta:  # no reference copy when KL is weighted 0; else one in the compute dtype
-            comp["reference params"] = int(policy * _itemsize(arch.dtype) / _itemsize(arch.param_dtype))
+            comp["reference params"] = int(policy * in_compute)
         if ppo:
             comp.update({"value params": value, "value AdamW moments": value_moments * value})
     else:
@@ -184,7 +185,6 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
     # the sampler reads per-layer copies of the decoder weights (LoRA merged in), made once per rollout call;
     # with rollout.replicate_weights they and a copy of the head are whole on every data/fsdp shard; the
     # copies are in the compute dtype (half the float32 master weights' bytes under bfloat16 compute)
-    in_compute = _itemsize(arch.dtype) / _itemsize(arch.param_dtype)
     if r.replicate_weights:
         comp["sampler per-layer weights"] = int(_shard_bytes(nnx.state(abstract_policy), dict(sizes, data=1, fsdp=1))
                                                 * in_compute)

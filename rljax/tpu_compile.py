@@ -295,6 +295,7 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     engine pads), then the decode loop over all slots at the full window."""
     from models.sampler import attention_window, cache_shardings
     from models.slots import SlotState, admit, decode, decodes_every_slot, slot_order, slot_shards
+    from rljax.engine import admission_layout
 
     slots = r.slots or dialogs
     cache = jax.eval_shape(lambda: KVCache.init(arch, slots, r.cache_capacity))
@@ -305,13 +306,10 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     prompts = min(math.ceil(slots / r.samples_per_problem), r.admit_rows or slots)
     # as rljax.engine lays them out: dialog i on slot order[i] (models.slots.slot_order), each block of slots its
     # own segments (a prompt once per block that holds some of its group), counts padded to powers of two per block
-    shards = slot_shards(mesh_rules, slots)
-    block, group = slots // shards, r.samples_per_problem
+    shards, group = slot_shards(mesh_rules, slots), r.samples_per_problem
     order = slot_order(slots, shards, group)
-    started = range(min(slots, prompts * group))
-    groups = [{i // group for i in started if order[i] // block == s} for s in range(shards)]
-    per_block = min(1 << (max(len(g) for g in groups) - 1).bit_length(), block)
-    segments = per_block * shards
+    started = [(order[i], [i // group], True) for i in range(min(slots, prompts * group))]  # ids: the prompt's group
+    segments = admission_layout(started, slots, shards)[2] * shards
     width = min(1 << (width - 1).bit_length(), r.cache_capacity)
     args = (rows((segments, width), jnp.int32), rows((segments,), jnp.int32), rows((segments,), jnp.int32),
             rows((segments,), jnp.bool_), rows((slots,), jnp.int32), rows((slots,), jnp.int32),

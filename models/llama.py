@@ -181,9 +181,34 @@ def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: j
     return dense(_attend_cache(q_btnh, k_bkhs, v_bksh, allowed_bts), p["o_nhd"], contract=2), k_bkhs, v_bksh
 
 
+CACHED_QUERY_BLOCK = 64  # XLA:CPU: queries per block when many new tokens attend to a cache
+
+
 def _attend_cache(q_btnh: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array, allowed_bts: jax.Array) -> jax.Array:
     """T queries per row against a cache buffer ([B, K, H, S] keys, [B, K, S, H] values); `allowed_bts` marks
     the slots each query may see. Returns [B, T, N, H].
+
+    Many queries (a prefill continuing a cache: a feedback turn) on CPU go in blocks of CACHED_QUERY_BLOCK, each
+    block's scores and softmax small enough to stay in cache: 1.4x on the attention of 4 rows x 512 new tokens
+    against 1024 or 2048 columns (SmolLM2 heads, XLA:CPU, interleaved A/B), the same values. Other platforms
+    keep one block, which reads the keys and values once.
+    """
+    t = q_btnh.shape[1]
+    if t <= CACHED_QUERY_BLOCK:
+        return _attend_cache_block(q_btnh, k_bkhs, v_bksh, allowed_bts)
+
+    def blocked(q_btnh: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array, allowed_bts: jax.Array) -> jax.Array:
+        step = CACHED_QUERY_BLOCK
+        blocks = [_attend_cache_block(q_btnh[:, i:i + step], k_bkhs, v_bksh, allowed_bts[:, i:i + step])
+                  for i in range(0, t, step)]
+        return jnp.concatenate(blocks, axis=1)
+
+    return jax.lax.platform_dependent(q_btnh, k_bkhs, v_bksh, allowed_bts, cpu=blocked, default=_attend_cache_block)
+
+
+def _attend_cache_block(q_btnh: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array, allowed_bts: jax.Array
+                        ) -> jax.Array:
+    """`_attend_cache` in one block of queries.
 
     With one query per row (decode) on CPU the scores are an elementwise multiply summed over H rather than a
     batched matmul of [G, H] x [H, S] per (row, kv head): XLA:CPU runs the first as one fused pass over the keys,

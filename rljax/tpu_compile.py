@@ -291,11 +291,11 @@ def _chunk_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int,
 def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int, weights: tuple, sampling: tuple,
                    static: Any, mesh_rules: Any, rows: Callable) -> list[Phase]:
     """The slots engine's two programs (`models.slots`) for its first admission of a step: every slot takes a
-    new dialog, the G dialogs of a problem sharing one prompt segment of `width` tokens (a power of two, as the
-    engine pads), then the decode loop over all slots at the full window."""
+    new dialog, the G dialogs of a problem sharing one prompt segment of `width` tokens (padded as the engine pads,
+    `rljax.engine.segment_width`), then the decode loop over all slots at the full window."""
     from models.sampler import attention_window, cache_shardings
     from models.slots import SlotState, admit, decode, decodes_every_slot, slot_order, slot_shards
-    from rljax.engine import admission_layout
+    from rljax.engine import admission_layout, segment_width
 
     slots = r.slots or dialogs
     cache = jax.eval_shape(lambda: KVCache.init(arch, slots, r.cache_capacity))
@@ -310,7 +310,7 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     order = slot_order(slots, shards, group)
     started = [(order[i], [i // group], True) for i in range(min(slots, prompts * group))]  # ids: the prompt's group
     segments = admission_layout(started, slots, shards)[2] * shards
-    width = min(1 << (width - 1).bit_length(), r.cache_capacity)
+    width = min(segment_width(width, r.length_bucket), r.cache_capacity)
     args = (rows((segments, width), jnp.int32), rows((segments,), jnp.int32), rows((segments,), jnp.int32),
             rows((segments,), jnp.bool_), rows((slots,), jnp.int32), rows((slots,), jnp.int32),
             rows((slots,), jnp.int32))

@@ -367,3 +367,31 @@ def test_float32_master_weights_sample_what_their_bfloat16_compute_model_samples
     for a, b in zip(ours, theirs):
         assert a.token_ids == b.token_ids
         np.testing.assert_array_equal(a.logprobs, b.logprobs)
+
+
+def test_many_new_tokens_attend_to_the_cache_in_query_blocks_with_the_values_of_one_block():
+    from models.llama import CACHED_QUERY_BLOCK, _attend_cache, _attend_cache_block
+    rng = np.random.RandomState(0)
+    b, t, n, kv, h, s = 2, 2 * CACHED_QUERY_BLOCK + 5, 6, 2, 16, 300
+    q = jnp.asarray(rng.randn(b, t, n, h), jnp.float32)
+    k, v = jnp.asarray(rng.randn(b, kv, h, s), jnp.float32), jnp.asarray(rng.randn(b, kv, s, h), jnp.float32)
+    fill = np.array([40, 90])  # each row's history; new token i sees its row's history and itself and before
+    allowed = jnp.asarray(np.arange(s)[None, None, :] <= fill[:, None, None] + np.arange(t)[None, :, None])
+    lowered = jax.jit(_attend_cache).lower(q, k, v, allowed)
+    assert lowered.compile().as_text().count(" dot(") == 2 * 3  # scores and values of 3 query blocks
+    np.testing.assert_allclose(lowered.compile()(q, k, v, allowed), jax.jit(_attend_cache_block)(q, k, v, allowed),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_a_long_feedback_turn_continues_the_cache_as_reprefilling_the_dialog(tiny):
+    prompts = _prompts(5, (9, 20), 512)
+    sampler = Sampler(tiny, length_bucket=8)
+    turn = SamplingParams(max_new_tokens=6, temperature=0.0)
+    first, state = sampler.generate(prompts, turn, jax.random.key(0), cache_capacity=400)
+    feedback = _prompts(6, (150, 90), 512)  # more new tokens than one query block
+    second, _ = sampler.extend(state, feedback, turn, jax.random.key(1))
+    dialogs = [p + c.token_ids + f for p, c, f in zip(prompts, first, feedback)]
+    fresh, _ = Sampler(tiny, length_bucket=8).generate(dialogs, turn, jax.random.key(0))
+    assert [c.token_ids for c in second] == [c.token_ids for c in fresh]
+    np.testing.assert_allclose(np.concatenate([c.logprobs for c in second]),
+                               np.concatenate([c.logprobs for c in fresh]), atol=1e-5)

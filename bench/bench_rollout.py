@@ -96,6 +96,7 @@ def run_engine(name, runner, env, problems, dialogs, key):
     return {"engine": name, "seconds": seconds, "dialogs_per_min": 60 * dialogs / seconds,
             "tokens_per_s": sampled / seconds, "sampled": sampled, "turns": turns,
             "slot_use": (sampled - turns) / stats.decode_slot_steps if stats.decode_slot_steps else None,
+            "admit_use": stats.admit_tokens / stats.admit_token_slots if stats.admit_token_slots else None,
             "executor_wait_s": stats.score_wait_s, "generate_s": stats.generate_s,
             "decode_steps": stats.decode_steps, "decode_slot_steps": stats.decode_slot_steps,
             "decode_kv_slots_read": stats.decode_kv_slots_read,
@@ -164,13 +165,14 @@ def main() -> None:
             read = res["decode_steps"] * weight_bytes + res["decode_kv_slots_read"] * kv_per_slot
             res["bandwidth_share"] = read / res["generate_s"] / (bandwidth * 1e9)
     pool.close()
-    header = ("engine", "s", "dialogs/min", "tok/s", "answers", "slot use", "exec wait s", "BW share", "solved",
-              "ctx full", "first run s")
+    header = ("engine", "s", "dialogs/min", "tok/s", "answers", "slot use", "admit use", "exec wait s", "BW share",
+              "solved", "ctx full", "first run s")
     print(" | ".join(header))
     for res in results.values():
         print(" | ".join([res["engine"], f"{res['seconds']:.1f}", f"{res['dialogs_per_min']:.2f}",
                           f"{res['tokens_per_s']:.1f}", str(res["turns"]),
                           f"{res['slot_use']:.2f}" if res["slot_use"] is not None else "-",
+                          f"{res['admit_use']:.2f}" if res["admit_use"] is not None else "-",
                           f"{res['executor_wait_s']:.1f}",
                           f"{res['bandwidth_share']:.2f}" if "bandwidth_share" in res else "-",
                           str(res["solved"]), str(res["context_full"]), f"{res['first_s']:.1f}"]))

@@ -139,7 +139,8 @@ class SlotRolloutRunner(RolloutRunner):
                 continue
             t0 = time.perf_counter()
             if admissions:
-                state = self._admit(weights, state, admissions, owner, rows, key, temperature, top_p, static)
+                state = self._admit(weights, state, admissions, owner, rows, key, temperature, top_p, static,
+                                    stats)
                 for b, _, _ in admissions:
                     phase[b] = LIVE
                 rows = host_rows(state)
@@ -204,12 +205,13 @@ class SlotRolloutRunner(RolloutRunner):
 
     def _admit(self, weights: tuple, state: SlotState, admissions: list[tuple[int, list[int], bool]],
                owner: list[int], rows: dict[str, np.ndarray], key: jax.Array, temperature: jax.Array,
-               top_p: jax.Array, static: object) -> SlotState:
+               top_p: jax.Array, static: object, stats: RolloutStats | None = None) -> SlotState:
         """One prefill for every admitted slot: each continuation is its own segment, and new dialogs with the
         same prompt (a GRPO group) share one. The segment count is padded to a power of two, the width as
         `segment_width` pads it, the slots to the batch, so a run compiles few variants. Where the mesh splits the slots into blocks
         (`models.slots.slot_shards`), each block gets its own segments (a group's prompt is computed once per
-        block that holds its slots), so every key and value is computed and written on its slot's chips."""
+        block that holds its slots), so every key and value is computed and written on its slot's chips. `stats`
+        counts the tokens prefilled and the token slots computed."""
         slots = len(owner)
         shards = slot_shards(self.sampler._mesh_rules, slots)
         segments, starts, per_block, per_block_a = admission_layout(admissions, slots, shards)
@@ -230,6 +232,9 @@ class SlotRolloutRunner(RolloutRunner):
                 a = s * per_block_a + j
                 slot_a[a], source_a[a], sequence_a[a] = b, s * per_block + u, owner[b]
         self.sampler.check_token_ids(tokens, "rollout")
+        if stats is not None:
+            stats.admit_tokens += int(length.sum())
+            stats.admit_token_slots += tokens.size
         end = max((0 if new else int(rows["fill_b"][b])) + len(ids) for b, ids, new in admissions)
         window = attention_window(end, self.cache_capacity)
         arrays = (tokens, length, row_u, reset_u, slot_a, source_a, sequence_a)

@@ -77,6 +77,8 @@ class RolloutStats:
     decode_steps: int = 0  # decode steps run (the slots engine)
     decode_slot_steps: int = 0  # rows computed x decode steps (the slots engine; a kept token fills one of them)
     decode_kv_slots_read: int = 0  # cache slots the decode steps attended to, summed over slots and steps
+    admit_tokens: int = 0  # tokens the slots engine's admissions prefilled (a prompt shared by a group once)
+    admit_token_slots: int = 0  # segments x width those admissions computed, padding included
 
     def add(self, other: "RolloutStats") -> None:
         """Accumulate another round's counts and times (dynamic sampling runs several rounds per step)."""

@@ -402,6 +402,8 @@ def rollout_metrics(trajectories: list[Trajectory], stats: RolloutStats, max_tur
     if stats.decode_slot_steps:  # the slots engine: the share of computed decode rows x steps with a kept token
         decoded = sum(sum(t.sampled) for t in trajectories) - sum(len(t.finish_reasons) for t in trajectories)
         out["perf/decode_slot_use"] = decoded / stats.decode_slot_steps
+    if stats.admit_token_slots:  # the slots engine: the share of the admissions' computed token slots not padding
+        out["perf/admit_token_use"] = stats.admit_tokens / stats.admit_token_slots
     return out
 
 

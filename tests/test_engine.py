@@ -98,6 +98,17 @@ def test_a_group_sharing_a_prompt_is_prefilled_once_and_samples_as_one_slot_at_a
     assert len({tuple(t.tokens) for t in shared}) == 6  # same prompt, different answers
 
 
+def test_admissions_count_the_tokens_they_prefill_and_the_padded_token_slots_they_compute(digit_model):
+    """One-answer dialogs of two groups on 6 slots: one admission of two prompt segments (each group's prompt
+    once), padded to the longer prompt (19 tokens) rounded up to the length bucket (8): 24 columns, not 32."""
+    sampling = SamplingParams(max_new_tokens=4, temperature=1.0, stop_ids=(toy.EOT,))
+    env = ScriptedEnv([1] * 6, [(0.0,)] * 6, numbers=[41] * 3 + [1234567890123456] * 3)
+    _, stats = _run(SlotRolloutRunner, digit_model, env, 6, sampling, num_slots=6)
+    lengths = [len(toy.DigitCodec().prompt_ids(env.open(i).messages)) for i in (0, 3)]
+    assert lengths == [5, 19]
+    assert (stats.admit_tokens, stats.admit_token_slots) == (5 + 19, 2 * 24)
+
+
 def test_an_admission_prefills_at_most_admit_rows_segments_and_the_dialogs_sample_the_same(digit_model,
                                                                                           monkeypatch):
     """admit_rows 1 on 6 free slots: each admission prefills one segment (a group's shared prompt, or one
@@ -179,6 +190,7 @@ def test_training_on_slots_logs_slot_use_and_resumes_bit_exactly(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     rows = run(straight)
     assert 0 < rows[0]["perf/decode_slot_use"] <= 1 and rows[0]["turns/mean"] > 1
+    assert 0 < rows[0]["perf/admit_token_use"] <= 1
     shutil.copytree(straight, resumed)
     shutil.rmtree(resumed / "checkpoints" / "2")
     again = _deterministic(run(resumed))

@@ -208,10 +208,10 @@ class SlotRolloutRunner(RolloutRunner):
                top_p: jax.Array, static: object, stats: RolloutStats | None = None) -> SlotState:
         """One prefill for every admitted slot: each continuation is its own segment, and new dialogs with the
         same prompt (a GRPO group) share one. The segment count is padded to a power of two, the width as
-        `segment_width` pads it, the slots to the batch, so a run compiles few variants. Where the mesh splits the slots into blocks
-        (`models.slots.slot_shards`), each block gets its own segments (a group's prompt is computed once per
-        block that holds its slots), so every key and value is computed and written on its slot's chips. `stats`
-        counts the tokens prefilled and the token slots computed."""
+        `segment_width` pads it, the slots to the batch, so a run compiles few variants. Where the mesh splits the
+        slots into blocks (`models.slots.slot_shards`), each block gets its own segments (a group's prompt is
+        computed once per block that holds its slots), so every key and value is computed and written on its
+        slot's chips. `stats` counts the tokens prefilled and the token slots computed."""
         slots = len(owner)
         shards = slot_shards(self.sampler._mesh_rules, slots)
         segments, starts, per_block, per_block_a = admission_layout(admissions, slots, shards)

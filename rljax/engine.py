@@ -35,6 +35,7 @@ from models.llama import KVCache
 from models.sampler import FINISH_EOS, FINISH_LENGTH, Completion, Sampler, SamplingParams, attention_window
 from models.sharding import host_array
 from models.slots import SlotState, admit, decode, decodes_every_slot, host_rows, slot_order, slot_shards
+from rljax.batching import round_up
 from rljax.dialog import DialogCodec
 from rljax.distributed import allgather_objects, gather_rows
 from rljax.envs.base import Env, Episode
@@ -248,7 +249,7 @@ def segment_width(longest: int, bucket: int) -> int:
     (`rollout.length_bucket`), as the chunked rollout pads its prefills. Powers of two compiled fewer variants
     but computed up to twice the tokens: 16 SmolLM2 prompts of 300-315 tokens took 17.0 s at 512 columns, 11.8 s
     at 320 (XLA:CPU)."""
-    return -(-longest // bucket) * bucket
+    return round_up(longest, bucket)
 
 
 def admission_layout(admissions: Sequence[tuple[int, list[int], bool]], slots: int, shards: int

@@ -377,9 +377,9 @@ def test_many_new_tokens_attend_to_the_cache_in_query_blocks_with_the_values_of_
     k, v = jnp.asarray(rng.randn(b, kv, h, s), jnp.float32), jnp.asarray(rng.randn(b, kv, s, h), jnp.float32)
     fill = np.array([40, 90])  # each row's history; new token i sees its row's history and itself and before
     allowed = jnp.asarray(np.arange(s)[None, None, :] <= fill[:, None, None] + np.arange(t)[None, :, None])
-    lowered = jax.jit(_attend_cache).lower(q, k, v, allowed)
-    assert lowered.compile().as_text().count(" dot(") == 2 * 3  # scores and values of 3 query blocks
-    np.testing.assert_allclose(lowered.compile()(q, k, v, allowed), jax.jit(_attend_cache_block)(q, k, v, allowed),
+    compiled = jax.jit(_attend_cache).lower(q, k, v, allowed).compile()
+    assert compiled.as_text().count(" dot(") == 2 * 3  # scores and values of 3 query blocks
+    np.testing.assert_allclose(compiled(q, k, v, allowed), jax.jit(_attend_cache_block)(q, k, v, allowed),
                                rtol=1e-6, atol=1e-6)
 
 

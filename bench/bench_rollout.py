@@ -109,6 +109,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--engines", default="slots,chunks,hf")
     parser.add_argument("--check-every", type=int, default=16)
+    parser.add_argument("--admit-width", type=int, default=None,
+                        help="slots: tokens per admission round (default: the config's rollout.admit_width)")
     args = parser.parse_args()
     print(host_memory(), flush=True)
 
@@ -133,8 +135,9 @@ def main() -> None:
 
     sampler = Sampler(model, tokenizer, length_bucket=r.length_bucket, pad_id=tokenizer.pad_id)
     pool = ExecutorPool(r.executor_workers or None)
+    admit_width = r.admit_width if args.admit_width is None else args.admit_width
     runners = {"slots": SlotRolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, args.dialogs,
-                                          args.check_every),
+                                          args.check_every, admit_width=admit_width),
                "chunks": RolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.num_chunks)}
     engines = [e for e in args.engines.split(",") if e]
     if "hf" in engines:
@@ -152,7 +155,8 @@ def main() -> None:
     kv_per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4  # bytes of K and V per cache slot
     print(f"SmolLM2-135M fp32, {args.dialogs} RLEF dialogs (<= {config.env.max_turns} turns) on "
           f"{len(problems)} bundled problems, T {r.temperature}, <= {args.max_new_tokens} new tokens per answer, "
-          f"cache {r.cache_capacity}, {jax.device_count()} CPU device(s), torch threads {torch.get_num_threads()}, "
+          f"cache {r.cache_capacity}, slots admit width {admit_width}, {jax.device_count()} CPU device(s), "
+          f"torch threads {torch.get_num_threads()}, "
           f"read bandwidth {bandwidth:.1f} GB/s")
     results = {}
     for name in engines:

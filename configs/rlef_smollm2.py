@@ -23,6 +23,7 @@ def get_config():
     c.rollout.cache_capacity = 1024
     c.rollout.length_bucket = 64
     c.rollout.num_chunks = 2
+    c.rollout.admit_width = 64  # rollout.engine "slots": admissions in rounds of 64 tokens (README, engine)
     c.train.micro_batches = 2
     c.train.seq_bucket = 128
     c.optim.learning_rate = 2e-6

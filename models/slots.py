@@ -163,13 +163,19 @@ def _by_shard(shards: int, fn: Callable[..., Any], *args: Any) -> Any:
 def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SlotState, tokens_ut: jax.Array,
           length_u: jax.Array, row_u: jax.Array, reset_u: jax.Array, slot_a: jax.Array, source_a: jax.Array,
           sequence_a: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static,
-          mesh_rules: Any, window: int, fresh: bool = False, shards: int = 1) -> SlotState:
+          mesh_rules: Any, window: int, fresh: bool = False, shards: int = 1,
+          final_a: jax.Array | None = None) -> SlotState:
     """Prefill U segments and start A slots on them. Segment u is `tokens_ut[u, :length_u[u]]` (right-padded):
     with `reset_u`, a new sequence's prompt (a cleared row, from column and position 0); otherwise a
     continuation of slot `row_u[u]`'s row, starting with its pending token. Slot `slot_a[a]` (a slot index past
     the batch: padding) takes segment `source_a[a]`'s keys/values and samples its first token as sequence
     `sequence_a[a]`: the G answers of a group share one prompt segment, computed once. Slots not named are
     unchanged. Columns [0, window) hold every write.
+
+    final_a ([A] bool, None: all true): a slot whose start is not final takes the segment's keys/values (its
+    fill and position advance) but samples nothing and stays idle: the segment is one chunk of a longer prompt or
+    turn, whose next chunk continues that row in a later call (`rljax.engine` prefills in chunks of
+    `rollout.admit_width` tokens).
 
     Cost: the U segments attend to their rows' first `window` columns (gathered once); only the segments' own
     columns are written into the slots' rows. `fresh` (every segment a new sequence: `reset_u` all true) gathers
@@ -217,14 +223,17 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
         token, logprob, entropy = _pick_rows(logits, key, sequence_a, position, temperature, top_p, static)
         is_stop = (jnp.isin(token, jnp.asarray(static.stop_ids, jnp.int32)) if static.stop_ids
                    else jnp.zeros(token.shape, bool))
+        live = ~is_stop & (static.max_new > 1)
+        sampled_a = slot_a if final_a is None else jnp.where(final_a, slot_a, state.fill_b.shape[0])
         put = lambda buffer, value: buffer.at[slot_a].set(value, mode="drop")  # noqa: E731
-        first = lambda buffer, value: buffer.at[slot_a, 0].set(value, mode="drop")  # noqa: E731
+        put_sampled = lambda buffer, value: buffer.at[sampled_a].set(value, mode="drop")  # noqa: E731
+        first = lambda buffer, value: buffer.at[sampled_a, 0].set(value, mode="drop")  # noqa: E731
         return state.replace(
             cache=_constrain_cache(cache), fill_b=put(state.fill_b, (fill_u + length_u)[source_a]),
-            last_b=put(state.last_b, token), position_b=put(state.position_b, position),
+            last_b=put_sampled(state.last_b, token), position_b=put(state.position_b, position),
             sequence_b=put(state.sequence_b, sequence_a),
-            live_b=put(state.live_b, ~is_stop & (static.max_new > 1)),
-            count_b=put(state.count_b, jnp.ones_like(sequence_a)), tokens_bn=first(state.tokens_bn, token),
+            live_b=put(state.live_b, live if final_a is None else live & final_a),
+            count_b=put_sampled(state.count_b, jnp.ones_like(sequence_a)), tokens_bn=first(state.tokens_bn, token),
             logprobs_bn=first(state.logprobs_bn, logprob), entropy_bn=first(state.entropy_bn, entropy))
 
 

@@ -10,6 +10,13 @@ The loop, on one host:
    decoding the others while it scores them.
 The device waits on the executor only when no slot is live and nothing can be admitted (`score_wait_s`).
 
+Admissions in rounds (`rollout.admit_width` W > 0): one admission prefills its prompts and turns W tokens at a
+time, every round one program of W columns; a segment's later chunks continue its slot's row, and a slot samples
+its first token after its last chunk. Each distinct admission shape (segments, width, attention window) is a
+compile, and without rounds every new longest-segment length is a new width: on bench_rollout's RLEF dialogs
+most of the admissions' time in a second rollout was compiles (14 new shapes in the first, 3 in the second at
+W = 128). On a TPU this is chunked prefill, the shape a ragged-attention kernel takes (fixed token budget).
+
 Multi-host: every process runs this loop over the whole batch (the prompts gathered from every process, in
 process order) and issues the same device calls. A process scores only its own dialogs' answers; between two
 decode calls the processes exchange which of their dialogs were settled (and the ids of their next turns), so
@@ -52,7 +59,7 @@ class SlotRolloutRunner(RolloutRunner):
 
     def __init__(self, sampler: Sampler, codec: DialogCodec, env: Env, pool: ExecutorPool, sampling: SamplingParams,
                  cache_capacity: int, num_slots: int, check_every: int = 16, decode_sizes: int = 4,
-                 admit_rows: int = 0):
+                 admit_rows: int = 0, admit_width: int = 0):
         super().__init__(sampler, codec, env, pool, sampling, cache_capacity)
         if num_slots < 1:
             raise ValueError(f"rollout.slots must be >= 1, got {num_slots}")
@@ -66,7 +73,9 @@ class SlotRolloutRunner(RolloutRunner):
         if admit_rows < 0:
             raise ValueError(f"rollout.admit_rows must be >= 0, got {admit_rows}")
         self.num_slots, self.check_every, self.decode_sizes = num_slots, check_every, decode_sizes
-        self.admit_rows = admit_rows
+        if admit_width < 0:
+            raise ValueError(f"rollout.admit_width must be >= 0, got {admit_width}")
+        self.admit_rows, self.admit_width = admit_rows, admit_width
 
     def run(self, episodes: Sequence[Episode], groups: Sequence[int], names: Sequence[str], key: jax.Array
             ) -> tuple[list[Trajectory], RolloutStats]:
@@ -207,41 +216,60 @@ class SlotRolloutRunner(RolloutRunner):
     def _admit(self, weights: tuple, state: SlotState, admissions: list[tuple[int, list[int], bool]],
                owner: list[int], rows: dict[str, np.ndarray], key: jax.Array, temperature: jax.Array,
                top_p: jax.Array, static: object, stats: RolloutStats | None = None) -> SlotState:
-        """One prefill for every admitted slot: each continuation is its own segment, and new dialogs with the
-        same prompt (a GRPO group) share one. The segment count is padded to a power of two, the width as
-        `segment_width` pads it, the slots to the batch, so a run compiles few variants. Where the mesh splits the
-        slots into blocks (`models.slots.slot_shards`), each block gets its own segments (a group's prompt is
-        computed once per block that holds its slots), so every key and value is computed and written on its
-        slot's chips. `stats` counts the tokens prefilled and the token slots computed."""
+        """Prefill every admitted (slot, ids, new dialog) and start its slot, in rounds: round k prefills each
+        entry's tokens [k W, (k + 1) W) for W = `rollout.admit_width` (0: one round of whole entries), and an entry
+        samples its first token in its last round. Each round is one `models.slots.admit` call of
+        `_admit_round`."""
+        chunk = self.admit_width or max(len(ids) for _, ids, _ in admissions)
+        rounds = -(-max(len(ids) for _, ids, _ in admissions) // chunk)
+        for k in range(rounds):
+            entries = [(b, ids[k * chunk:(k + 1) * chunk], new and k == 0, tuple(ids) if new else None,
+                        len(ids) <= (k + 1) * chunk, (0 if new else int(rows["fill_b"][b])) + k * chunk)
+                       for b, ids, new in admissions if len(ids) > k * chunk]
+            state = self._admit_round(weights, state, entries, owner, key, temperature, top_p, static, stats)
+        return state
+
+    def _admit_round(self, weights: tuple, state: SlotState,
+                     entries: list[tuple[int, list[int], bool, tuple | None, bool, int]], owner: list[int],
+                     key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: object,
+                     stats: RolloutStats | None) -> SlotState:
+        """One prefill of (slot, ids, reset row, share key, final, fill before) entries: each is its own segment,
+        but entries with the same share key (a GRPO group's prompt) share one. The segment count is padded to a
+        power of two, the width to `rollout.admit_width` (0: as `segment_width` pads the longest segment), the
+        slots to the batch, so a run compiles few variants. Where the mesh splits the slots into blocks (`models.slots.slot_shards`), each block gets its own
+        segments (a group's prompt is computed once per block that holds its slots), so every key and value is
+        computed and written on its slot's chips. `stats` counts the tokens prefilled and the token slots
+        computed."""
         slots = len(owner)
         shards = slot_shards(self.sampler._mesh_rules, slots)
-        segments, starts, per_block, per_block_a = admission_layout(admissions, slots, shards)
+        segments, starts, per_block, per_block_a = admission_layout(entries, slots, shards)
         block = slots // shards
-        width = segment_width(max(len(ids) for x in segments for ids, _, _ in x), self.sampler.length_bucket)
+        width = self.admit_width or segment_width(max(len(ids) for x in segments for ids, _, _ in x),
+                                                  self.sampler.length_bucket)
         count, width_a = per_block * shards, per_block_a * shards
         tokens = np.full((count, width), self.sampler.pad_id, np.int32)
         length, reset_u = np.zeros(count, np.int32), np.ones(count, bool)
         row_u = np.repeat(np.arange(shards, dtype=np.int32) * block, per_block)  # padding: the block's first slot
         slot_a = np.full(width_a, slots, np.int32)
         source_a = np.repeat(np.arange(shards, dtype=np.int32) * per_block, per_block_a)
-        sequence_a = np.zeros(width_a, np.int32)
+        sequence_a, final_a = np.zeros(width_a, np.int32), np.ones(width_a, bool)
         for s in range(shards):
-            for j, (ids, b, new) in enumerate(segments[s]):
+            for j, (ids, b, reset) in enumerate(segments[s]):
                 u = s * per_block + j
-                tokens[u, :len(ids)], length[u], row_u[u], reset_u[u] = ids, len(ids), b, new
-            for j, (b, u) in enumerate(starts[s]):
+                tokens[u, :len(ids)], length[u], row_u[u], reset_u[u] = ids, len(ids), b, reset
+            for j, (b, u, final) in enumerate(starts[s]):
                 a = s * per_block_a + j
-                slot_a[a], source_a[a], sequence_a[a] = b, s * per_block + u, owner[b]
+                slot_a[a], source_a[a], sequence_a[a], final_a[a] = b, s * per_block + u, owner[b], final
         self.sampler.check_token_ids(tokens, "rollout")
         if stats is not None:
             stats.admit_tokens += int(length.sum())
             stats.admit_token_slots += tokens.size
-        end = max((0 if new else int(rows["fill_b"][b])) + len(ids) for b, ids, new in admissions)
-        window = attention_window(end, self.cache_capacity)
+        window = attention_window(max(fill + len(ids) for _, ids, _, _, _, fill in entries), self.cache_capacity)
         arrays = (tokens, length, row_u, reset_u, slot_a, source_a, sequence_a)
         return admit(*weights, state, *(jnp.asarray(x) for x in arrays), key, temperature, top_p, static=static,
-                     mesh_rules=self.sampler._mesh_rules, window=window, fresh=all(new for _, _, new in admissions),
-                     shards=shards)
+                     mesh_rules=self.sampler._mesh_rules, window=window,
+                     fresh=all(reset for _, _, reset, _, _, _ in entries), shards=shards,
+                     final_a=jnp.asarray(final_a))
 
 
 def segment_width(longest: int, bucket: int) -> int:
@@ -252,22 +280,23 @@ def segment_width(longest: int, bucket: int) -> int:
     return round_up(longest, bucket)
 
 
-def admission_layout(admissions: Sequence[tuple[int, list[int], bool]], slots: int, shards: int
-                     ) -> tuple[list[list[tuple[list[int], int, bool]]], list[list[tuple[int, int]]], int, int]:
-    """How one admission of (slot, ids, new dialog) entries is laid out over the `shards` blocks of consecutive
-    slots: per block, its segments (ids, the slot whose row it prefills, new) and its starts (slot, the index of
-    its segment in the block), new dialogs with the same ids in one block sharing a segment; then the segments and
-    the starts per block, padded to powers of two (at most a block)."""
+def admission_layout(entries: Sequence[tuple], slots: int, shards: int
+                     ) -> tuple[list[list[tuple[list[int], int, bool]]], list[list[tuple[int, int, bool]]], int, int]:
+    """How one admission round of entries (slot, ids, reset row, share key, final, ...) is laid out over the
+    `shards` blocks of consecutive slots: per block, its segments (ids, the slot whose row it prefills, reset) and
+    its starts (slot, the index of its segment in the block, final), entries with the same share key (not None)
+    in one block sharing a segment; then the segments and the starts per block, padded to powers of two (at most
+    a block)."""
     block = slots // shards
     segments: list[list[tuple[list[int], int, bool]]] = [[] for _ in range(shards)]
-    starts: list[list[tuple[int, int]]] = [[] for _ in range(shards)]
-    first_of: list[dict[tuple[int, ...], int]] = [{} for _ in range(shards)]
-    for b, ids, new in admissions:
+    starts: list[list[tuple[int, int, bool]]] = [[] for _ in range(shards)]
+    first_of: list[dict[tuple, int]] = [{} for _ in range(shards)]
+    for b, ids, reset, share, final, *_ in entries:
         s = b // block
-        u = first_of[s].setdefault(tuple(ids), len(segments[s])) if new else len(segments[s])
+        u = first_of[s].setdefault(share, len(segments[s])) if share is not None else len(segments[s])
         if u == len(segments[s]):
-            segments[s].append((ids, b, new))
-        starts[s].append((b, u))
+            segments[s].append((ids, b, reset))
+        starts[s].append((b, u, final))
     per_block = min(1 << (max(len(x) for x in segments) - 1).bit_length(), block)
     per_block_a = min(1 << (max(len(x) for x in starts) - 1).bit_length(), block)
     return segments, starts, per_block, per_block_a
@@ -280,5 +309,6 @@ def rollout_runner(config: object, sampler: Sampler, codec: DialogCodec, env: En
     r = config.rollout
     if r.engine == "slots":
         return SlotRolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.slots or dialogs,
-                                 r.check_every, r.decode_sizes, r.admit_rows)
+                                 r.check_every, r.decode_sizes, r.admit_rows,
+                                 r.admit_width)
     return RolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.num_chunks)

@@ -199,6 +199,8 @@ def plan_memory(config: ConfigDict, topology: Topology, prefill_tokens: int = 0)
     prefill_rows = min(cache_rows, r.admit_rows or cache_rows) if slots else math.ceil(dialogs / r.num_chunks)
     chunk_dev = _split(prefill_rows, batch_ways)
     width = prefill_tokens or min(r.cache_capacity - r.max_new_tokens, 2048)
+    if slots and r.admit_width:  # the engine prefills at most admit_width tokens of a segment per call
+        width = min(width, r.admit_width)
     heads_dev = _split(arch.num_heads, tensor)
     comp["prefill attention (one chunk)"] = chunk_dev * (
         heads_dev * width * r.cache_capacity * (4 + a) + 2 * width * arch.hidden_size * a)

@@ -60,8 +60,10 @@ def base_config() -> ConfigDict:
         # engine: chunks (rljax.rollout: the batch in num_chunks lockstep chunks) | slots (rljax.engine: every live
         # dialog in one decode batch of `slots` slots, 0 = all dialogs of the batch, refilled as turns end;
         # a decode call computes only the live slots, rounded up to one of `decode_sizes` batch sizes; one admission
-        # prefills at most `admit_rows` prompts and turns, 0 = no cap: the rest wait for the next one)
-        "engine": "chunks", "slots": 0, "check_every": 16, "decode_sizes": 4, "admit_rows": 0,
+        # prefills at most `admit_rows` prompts and turns, 0 = no cap: the rest wait for the next one; it prefills
+        # them in rounds of `admit_width` tokens each, a multiple of length_bucket, so its programs have one width;
+        # 0 = whole, each round's width the longest segment's rounded up to length_bucket)
+        "engine": "chunks", "slots": 0, "check_every": 16, "decode_sizes": 4, "admit_rows": 0, "admit_width": 0,
         # replicate_weights: each rollout call copies the weights whole onto every data/fsdp shard (split over
         # tensor only), so decode steps read local weights instead of gathering them over the mesh every step
         "replicate_weights": True})
@@ -122,7 +124,8 @@ POSITIVE = ("total_steps", "rollout.problems_per_step", "rollout.samples_per_pro
             "train.seq_bucket", "train.vocab_chunk", "checkpoint.every", "checkpoint.keep", "env.max_turns", "algo.epochs",
             "eval.samples_per_problem", "eval.batch_dialogs", "eval.bootstrap_resamples", "warmup.batch",
             "warmup.micro_batches", "rollout.check_every", "rollout.decode_sizes")
-NON_NEGATIVE = ("log.samples_per_step", "warmup.steps", "rollout.slots", "rollout.admit_rows", "env.test_cache_mb")
+NON_NEGATIVE = ("log.samples_per_step", "warmup.steps", "rollout.slots", "rollout.admit_rows", "rollout.admit_width",
+                "env.test_cache_mb")
 
 
 def _get(config: ConfigDict, dotted: str) -> Any:
@@ -150,6 +153,9 @@ def validate(config: ConfigDict) -> None:
         value = _get(config, key)
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"config.{key}: expected an integer >= 0, got {value!r}")
+    if config.rollout.admit_width % config.rollout.length_bucket:
+        raise ValueError(f"config.rollout.admit_width: {config.rollout.admit_width} is not a multiple of "
+                         f"rollout.length_bucket ({config.rollout.length_bucket})")
     batch = config.rollout.problems_per_step * config.rollout.samples_per_problem
     if batch % config.train.micro_batches:
         raise ValueError(f"config.train.micro_batches: {config.train.micro_batches} does not divide the rollout "

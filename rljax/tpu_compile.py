@@ -308,22 +308,28 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     # own segments (a prompt once per block that holds some of its group), counts padded to powers of two per block
     shards, group = slot_shards(mesh_rules, slots), r.samples_per_problem
     order = slot_order(slots, shards, group)
-    started = [(order[i], [i // group], True) for i in range(min(slots, prompts * group))]  # ids: the prompt's group
+    started = [(order[i], [i // group], True, i // group, True)  # ids and share key: the prompt's group
+               for i in range(min(slots, prompts * group))]
     segments = admission_layout(started, slots, shards)[2] * shards
     width = min(segment_width(width, r.length_bucket), r.cache_capacity)
+    window = attention_window(width, r.cache_capacity)
+    # in rounds of admit_width tokens, the prompts' last round: admit_width new tokens onto rows of the prompts'
+    # earlier rounds (gathered), attending to the whole window
+    fresh = not r.admit_width or width <= r.admit_width
+    width = width if fresh else r.admit_width
     args = (rows((segments, width), jnp.int32), rows((segments,), jnp.int32), rows((segments,), jnp.int32),
             rows((segments,), jnp.bool_), rows((slots,), jnp.int32), rows((slots,), jnp.int32),
             rows((slots,), jnp.int32))
-    window = attention_window(width, r.cache_capacity)
     admitted = _compile(admit.lower(*weights, state, *args, *sampling, static=static, mesh_rules=mesh_rules,
-                                    window=window, fresh=True, shards=shards))
+                                    window=window, fresh=fresh, shards=shards))
     state = _sharded(jax.eval_shape(lambda *a: admit(*a, static=static, mesh_rules=mesh_rules, window=window,
-                                                     fresh=True, shards=shards),
+                                                     fresh=fresh, shards=shards),
                                     *weights, state, *args, *sampling), admitted.compiled.output_shardings)
     named = None if decodes_every_slot(mesh_rules, slots) else rows((slots,), jnp.int32)  # as rljax.engine
     decoded = _compile(decode.lower(*weights, state, named, *sampling, static=static, mesh_rules=mesh_rules,
                                     window=r.cache_capacity, steps=r.check_every))
-    return [_phase(f"engine admit ({segments} prompt segments x {width} tokens -> {slots} slots)", admitted),
+    rounds = "" if fresh else f" (the last round of {r.admit_width} tokens, {window}-slot window)"
+    return [_phase(f"engine admit ({segments} prompt segments x {width} tokens -> {slots} slots{rounds})", admitted),
             _phase(f"engine decode ({slots} slots, {r.cache_capacity}-slot window)", decoded)]
 
 

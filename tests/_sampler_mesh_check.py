@@ -72,7 +72,8 @@ def run_engine_admissions(sampler, prompts):
     weights, static = sampler._weights(), sampler._static(sampling)
     state = slots.SlotState.init(sampler._place(KVCache.init(sampler.model.config, 8, 128)), 12)
     one = (jnp.float32(1.0), jnp.float32(1.0))
-    runner = type("Runner", (), {"sampler": sampler, "cache_capacity": 128})()
+    runner = type("Runner", (), {"sampler": sampler, "cache_capacity": 128, "admit_width": 0,
+                                 "_admit_round": SlotRolloutRunner._admit_round})()
     owner, gathers = list(range(8)), []
 
     def admit(state, admissions):

@@ -132,6 +132,37 @@ def test_an_admission_prefills_at_most_admit_rows_segments_and_the_dialogs_sampl
     assert [t.rewards for t in capped] == [t.rewards for t in free]
 
 
+def test_admissions_in_rounds_of_admit_width_tokens_sample_what_whole_admissions_sample(digit_model, monkeypatch):
+    """admit_width 8 (the length bucket): the first admission prefills the two groups' prompts (5 and 19 tokens)
+    in 3 rounds of 8 columns, a segment per group and round (the 19-token prompt's later chunks continue its
+    group's rows; only its last round samples); every dialog of 1-3 turns samples the tokens it samples with
+    whole admissions, its logprobs within 1e-5."""
+    import rljax.engine as engine
+
+    sampling = SamplingParams(max_new_tokens=10, temperature=1.0, stop_ids=(toy.EOT,))
+    env = ScriptedEnv([2, 1, 3, 2, 3, 1], [(0.0,)] * 6, numbers=[41] * 3 + [1234567890123456] * 3)
+    whole, whole_stats = _run(SlotRolloutRunner, digit_model, env, 6, sampling, num_slots=6)
+    calls: list[tuple[tuple[int, int], list[bool] | None]] = []
+    real = engine.admit
+
+    def recording(*args, final_a=None, **kwargs):
+        calls.append((args[4].shape, None if final_a is None else np.asarray(final_a).tolist()))
+        return real(*args, final_a=final_a, **kwargs)
+
+    monkeypatch.setattr(engine, "admit", recording)
+    rounds, stats = _run(SlotRolloutRunner, digit_model, env, 6, sampling, num_slots=6, admit_width=8)
+    # round 1: both prompts' first 8 tokens (the 5-token group starts sampling); rounds 2-3: the long prompt
+    assert [shape for shape, _ in calls[:3]] == [(2, 8), (1, 8), (1, 8)]
+    assert calls[0][1] == [True] * 3 + [False] * 3  # slots 3-5 take the long prompt's first chunk, wait
+    assert calls[1][1][:3] == [False] * 3 and calls[2][1][:3] == [True] * 3  # (the 4th start: padding)
+    assert max(shape[1] for shape, _ in calls) == 8
+    assert [t.tokens for t in rounds] == [t.tokens for t in whole]
+    assert [t.rewards for t in rounds] == [t.rewards for t in whole]
+    for x, y in zip(rounds, whole):
+        np.testing.assert_allclose(x.sampler_logprobs, y.sampler_logprobs, atol=1e-5)
+    assert stats.admit_tokens == whole_stats.admit_tokens
+
+
 def test_logprobs_equal_a_teacher_forced_pass_over_the_whole_dialog(digit_model):
     import jax.numpy as jnp
 

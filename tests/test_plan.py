@@ -59,6 +59,11 @@ def test_parameter_and_cache_shards_are_exact():
     tiny.rollout.admit_rows = 2  # one admission prefills 2 of the 8 slots' prompts
     capped = plan_memory(tiny, parse_topology(devices=1, hbm_gib=1))
     assert capped.components["prefill attention (one chunk)"] * 4 == slots.components["prefill attention (one chunk)"]
+    width = tiny.rollout.cache_capacity - tiny.rollout.max_new_tokens  # a prompt's widest prefill
+    tiny.rollout.admit_width = tiny.rollout.length_bucket  # ... in rounds of length_bucket tokens
+    rounds = plan_memory(tiny, parse_topology(devices=1, hbm_gib=1))
+    assert rounds.components["prefill attention (one chunk)"] * width == (
+        capped.components["prefill attention (one chunk)"] * tiny.rollout.length_bucket)
 
 
 @pytest.mark.parametrize("module,topology", [(rlef_llama3_1_8b, "v5p-64"), (rlef_llama3_1_70b, "v5p-256"),

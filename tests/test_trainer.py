@@ -407,6 +407,7 @@ def test_empty_answers_are_scored_and_trained_not_dropped(tmp_path):
     ("rollout.engine", "paged", "config.rollout.engine: 'paged' is not one of"),
     ("rollout.check_every", 0, "config.rollout.check_every: expected a positive integer"),
     ("rollout.slots", -2, "config.rollout.slots: expected an integer >= 0"),
+    ("rollout.admit_width", 12, r"config.rollout.admit_width: 12 is not a multiple of rollout.length_bucket \(8\)"),
     ("env.test_cache_mb", -1, "config.env.test_cache_mb: expected an integer >= 0"),
 ])
 def test_bad_config_values_fail_at_start(tmp_path, key, value, message):

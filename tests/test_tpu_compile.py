@@ -76,16 +76,19 @@ def test_update_and_sampler_compile_for_v5e_2x2_and_match_the_planner():
     assert "fits: peak" in text and "roofline estimate" in text and "https://cloud.google.com/tpu/docs/v5e" in text
 
 
-def test_slots_engine_programs_compile_for_v5e_2x2():
+@pytest.mark.parametrize("admit_width", [0, 64])
+def test_slots_engine_programs_compile_for_v5e_2x2(admit_width):
     """With `rollout.engine = "slots"` the engine's admit and decode are compiled instead of the chunked prefill
     and decode: one cache of every slot's row in their (donated) state, compared with the planner's slot cache.
     On fsdp 2 x tensor 2 the cache's rows are split over fsdp and its kv heads over tensor, as the attention
-    reads them: a cache whole on each tensor shard held twice the bytes and could not be written in place."""
+    reads them: a cache whole on each tensor shard held twice the bytes and could not be written in place.
+    admit_width 64 (128-token prompts in two rounds): the admission compiled is the prompts' last round, 64 new
+    tokens onto the rows of the first."""
     from models.config import LlamaConfig
     from rljax.tpu_compile import compile_report, format_report
 
     config = _aligned_tiny()
-    config.rollout.engine = "slots"
+    config.rollout.engine, config.rollout.admit_width = "slots", admit_width
     config.mesh.fsdp, config.mesh.tensor = 2, 2
     report = compile_report(config, "v5e-4")
     names = [p.name.split(" (")[0] for p in report.phases]
@@ -93,6 +96,7 @@ def test_slots_engine_programs_compile_for_v5e_2x2():
     slots = config.rollout.problems_per_step * config.rollout.samples_per_problem  # rollout.slots 0: every dialog
     admit, decode = report.phase("engine admit"), report.phase("engine decode")
     assert f"-> {slots} slots" in admit.name and admit.aliased > 0 and decode.aliased > 0  # the state is donated
+    assert ("x 64 tokens" in admit.name and "the last round of 64 tokens" in admit.name) == (admit_width == 64)
     arch = LlamaConfig.preset("tiny", **config.model.overrides)
     kv_bytes = slots * config.rollout.cache_capacity * arch.num_layers * 2 * arch.num_kv_heads * arch.head_dim * 4
     kv_per_chip = kv_bytes / 4  # fp32 keys and values, slots over fsdp 2, kv heads over tensor 2

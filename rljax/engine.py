@@ -237,10 +237,10 @@ class SlotRolloutRunner(RolloutRunner):
         """One prefill of (slot, ids, reset row, share key, final, fill before) entries: each is its own segment,
         but entries with the same share key (a GRPO group's prompt) share one. The segment count is padded to a
         power of two, the width to `rollout.admit_width` (0: as `segment_width` pads the longest segment), the
-        slots to the batch, so a run compiles few variants. Where the mesh splits the slots into blocks (`models.slots.slot_shards`), each block gets its own
-        segments (a group's prompt is computed once per block that holds its slots), so every key and value is
-        computed and written on its slot's chips. `stats` counts the tokens prefilled and the token slots
-        computed."""
+        slots to the batch, so a run compiles few variants. Where the mesh splits the slots into blocks
+        (`models.slots.slot_shards`), each block gets its own segments (a group's prompt is computed once per
+        block that holds its slots), so every key and value is computed and written on its slot's chips. `stats`
+        counts the tokens prefilled and the token slots computed."""
         slots = len(owner)
         shards = slot_shards(self.sampler._mesh_rules, slots)
         segments, starts, per_block, per_block_a = admission_layout(entries, slots, shards)

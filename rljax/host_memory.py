@@ -10,7 +10,8 @@ the kernel zero-fills every 4 KiB page of it on first touch on every run: measur
 from its brk heap rather than mmap (M_MMAP_MAX = 0) and never trims that heap (M_TRIM_THRESHOLD = -1): a freed
 buffer stays mapped and the next run reuses it without a fault. The price is the one device allocators pay: the
 process keeps its peak heap until it exits, and a heap that fragments grows past it (once, by one buffer, in a
-run of ten updates here; `rljax demo` peaked at 19.9 GB resident under it). It is therefore opt-in:
+run of ten updates here; a 128 MiB probe program grew it at 0-8 of 24 runs, tests/test_host_memory.py; `rljax
+demo` peaked at 19.9 GB resident under it). It is therefore opt-in:
 `RLJAX_HOST_MEMORY=retain` turns it on for the `rljax` command, the benchmarks and the test session; `system`
 (the default) keeps glibc's defaults. On an accelerator host it would change only host-side allocations (not
 measured there).

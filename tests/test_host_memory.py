@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import REPO
 
 # a program whose temporary ([4096, 8192] float32, 128 MiB) is larger than glibc's 64 MiB thread heaps; the
-# minor page faults of each of 8 runs after the first
+# minor page faults of each of 24 runs after the first
 PROBE = """
 import json, resource, sys
 sys.path.insert(0, sys.argv[1])
@@ -27,7 +27,7 @@ def program(x):
 x = jnp.arange(4096.0)
 program(x).block_until_ready()
 faults = []
-for _ in range(8):
+for _ in range(24):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     program(x).block_until_ready()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
@@ -50,8 +50,11 @@ def test_retained_host_memory_runs_a_program_again_without_faulting_its_temporar
     assert not default["applied"] and retained["applied"]
     # glibc's defaults: every run maps its temporary afresh and touches each page of it
     assert min(default["faults"]) > PAGES // 2, default
-    # retained: once the heap has grown to the program's footprint, runs reuse it (the last three runs)
-    assert sum(retained["faults"][-3:]) < PAGES // 100, retained
+    # retained: runs reuse the freed heap. It still grows by the program's temporaries at a few runs, when
+    # fragmentation leaves no hole that fits (on 2026-12-07: 0-8 of 24 runs per process, at random runs), so
+    # the count of runs that fault under 1% of the temporary's pages is asserted, not which ones
+    reused = sum(f < PAGES // 100 for f in retained["faults"])
+    assert reused >= len(retained["faults"]) // 3, retained
 
 
 def test_an_unknown_host_memory_setting_is_one_clear_error(monkeypatch, capsys):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import time
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +51,18 @@ from rljax.rollout import RolloutRunner, RolloutStats, Trajectory
 
 FREE, LIVE, SCORING, RESUMING = "free", "live", "scoring", "resuming"  # RESUMING: its next turn waits to be admitted
 POLL_S = 0.02  # multi-host: how often the processes, all idle, check whether any score came back
+
+
+class RoundEntry(NamedTuple):
+    """One slot's part of an admission round: `ids` prefilled into `slot`'s row after its first `fill` columns
+    (`reset`: a cleared row, a new dialog's first chunk). Entries with the same `share` key (not None: a GRPO
+    group's prompt) share one segment; `final`: the slot samples its first token after this chunk."""
+    slot: int
+    ids: list[int]
+    reset: bool
+    share: tuple | None
+    final: bool
+    fill: int
 
 
 class SlotRolloutRunner(RolloutRunner):
@@ -221,21 +233,21 @@ class SlotRolloutRunner(RolloutRunner):
         entry's tokens [k W, (k + 1) W) for W = `rollout.admit_width` (0: one round of whole entries), and an entry
         samples its first token in its last round. Each round is one `models.slots.admit` call of
         `_admit_round`."""
-        chunk = self.admit_width or max(len(ids) for _, ids, _ in admissions)
-        rounds = -(-max(len(ids) for _, ids, _ in admissions) // chunk)
-        for k in range(rounds):
-            entries = [(b, ids[k * chunk:(k + 1) * chunk], new and k == 0, tuple(ids) if new else None,
-                        len(ids) <= (k + 1) * chunk, (0 if new else int(rows["fill_b"][b])) + k * chunk)
+        longest = max(len(ids) for _, ids, _ in admissions)
+        chunk = self.admit_width or longest
+        for k in range(-(-longest // chunk)):
+            entries = [RoundEntry(b, ids[k * chunk:(k + 1) * chunk], new and k == 0, tuple(ids) if new else None,
+                                  len(ids) <= (k + 1) * chunk, (0 if new else int(rows["fill_b"][b])) + k * chunk)
                        for b, ids, new in admissions if len(ids) > k * chunk]
             state = self._admit_round(weights, state, entries, owner, key, temperature, top_p, static, stats)
         return state
 
     def _admit_round(self, weights: tuple, state: SlotState,
-                     entries: list[tuple[int, list[int], bool, tuple | None, bool, int]], owner: list[int],
+                     entries: list[RoundEntry], owner: list[int],
                      key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: object,
                      stats: RolloutStats | None) -> SlotState:
-        """One prefill of (slot, ids, reset row, share key, final, fill before) entries: each is its own segment,
-        but entries with the same share key (a GRPO group's prompt) share one. The segment count is padded to a
+        """One prefill of `RoundEntry`s: each is its own segment, but entries with the same share key (a GRPO
+        group's prompt) share one. The segment count is padded to a
         power of two, the width to `rollout.admit_width` (0: as `segment_width` pads the longest segment), the
         slots to the batch, so a run compiles few variants. Where the mesh splits the slots into blocks
         (`models.slots.slot_shards`), each block gets its own segments (a group's prompt is computed once per
@@ -265,11 +277,11 @@ class SlotRolloutRunner(RolloutRunner):
         if stats is not None:
             stats.admit_tokens += int(length.sum())
             stats.admit_token_slots += tokens.size
-        window = attention_window(max(fill + len(ids) for _, ids, _, _, _, fill in entries), self.cache_capacity)
+        window = attention_window(max(e.fill + len(e.ids) for e in entries), self.cache_capacity)
         arrays = (tokens, length, row_u, reset_u, slot_a, source_a, sequence_a)
         return admit(*weights, state, *(jnp.asarray(x) for x in arrays), key, temperature, top_p, static=static,
                      mesh_rules=self.sampler._mesh_rules, window=window,
-                     fresh=all(reset for _, _, reset, _, _, _ in entries), shards=shards,
+                     fresh=all(e.reset for e in entries), shards=shards,
                      final_a=jnp.asarray(final_a))
 
 
@@ -281,23 +293,22 @@ def segment_width(longest: int, bucket: int) -> int:
     return round_up(longest, bucket)
 
 
-def admission_layout(entries: Sequence[tuple], slots: int, shards: int
+def admission_layout(entries: Sequence[RoundEntry], slots: int, shards: int
                      ) -> tuple[list[list[tuple[list[int], int, bool]]], list[list[tuple[int, int, bool]]], int, int]:
-    """How one admission round of entries (slot, ids, reset row, share key, final, ...) is laid out over the
-    `shards` blocks of consecutive slots: per block, its segments (ids, the slot whose row it prefills, reset) and
-    its starts (slot, the index of its segment in the block, final), entries with the same share key (not None)
-    in one block sharing a segment; then the segments and the starts per block, padded to powers of two (at most
-    a block)."""
+    """How one admission round's entries are laid out over the `shards` blocks of consecutive slots: per block,
+    its segments (ids, the slot whose row it prefills, reset) and its starts (slot, the index of its segment in
+    the block, final), entries with the same share key (not None) in one block sharing a segment; then the
+    segments and the starts per block, padded to powers of two (at most a block)."""
     block = slots // shards
     segments: list[list[tuple[list[int], int, bool]]] = [[] for _ in range(shards)]
     starts: list[list[tuple[int, int, bool]]] = [[] for _ in range(shards)]
     first_of: list[dict[tuple, int]] = [{} for _ in range(shards)]
-    for b, ids, reset, share, final, *_ in entries:
-        s = b // block
-        u = first_of[s].setdefault(share, len(segments[s])) if share is not None else len(segments[s])
+    for e in entries:
+        s = e.slot // block
+        u = first_of[s].setdefault(e.share, len(segments[s])) if e.share is not None else len(segments[s])
         if u == len(segments[s]):
-            segments[s].append((ids, b, reset))
-        starts[s].append((b, u, final))
+            segments[s].append((e.ids, e.slot, e.reset))
+        starts[s].append((e.slot, u, e.final))
     per_block = min(1 << (max(len(x) for x in segments) - 1).bit_length(), block)
     per_block_a = min(1 << (max(len(x) for x in starts) - 1).bit_length(), block)
     return segments, starts, per_block, per_block_a
@@ -310,6 +321,5 @@ def rollout_runner(config: object, sampler: Sampler, codec: DialogCodec, env: En
     r = config.rollout
     if r.engine == "slots":
         return SlotRolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.slots or dialogs,
-                                 r.check_every, r.decode_sizes, r.admit_rows,
-                                 r.admit_width)
+                                 r.check_every, r.decode_sizes, r.admit_rows, r.admit_width)
     return RolloutRunner(sampler, codec, env, pool, sampling, r.cache_capacity, r.num_chunks)

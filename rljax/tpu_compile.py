@@ -295,7 +295,7 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     `rljax.engine.segment_width`), then the decode loop over all slots at the full window."""
     from models.sampler import attention_window, cache_shardings
     from models.slots import SlotState, admit, decode, decodes_every_slot, slot_order, slot_shards
-    from rljax.engine import admission_layout, segment_width
+    from rljax.engine import RoundEntry, admission_layout, segment_width
 
     slots = r.slots or dialogs
     cache = jax.eval_shape(lambda: KVCache.init(arch, slots, r.cache_capacity))
@@ -308,7 +308,7 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     # own segments (a prompt once per block that holds some of its group), counts padded to powers of two per block
     shards, group = slot_shards(mesh_rules, slots), r.samples_per_problem
     order = slot_order(slots, shards, group)
-    started = [(order[i], [i // group], True, i // group, True)  # ids and share key: the prompt's group
+    started = [RoundEntry(order[i], [i // group], True, (i // group,), True, 0)  # ids, share: the prompt's group
                for i in range(min(slots, prompts * group))]
     segments = admission_layout(started, slots, shards)[2] * shards
     width = min(segment_width(width, r.length_bucket), r.cache_capacity)

@@ -256,7 +256,11 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slo
 
     rows_c None: every slot is computed, each shard on its own rows. On a mesh that splits the slots, gathering
     named rows would gather every shard's cache onto every chip (XLA's partitioner cannot know the indices stay
-    on their shard); here the first `window` columns are a static slice, and they are written back whole."""
+    on their shard); here the first `window` columns are a static slice, and they are written back whole. At a
+    window of the whole cache that slice is the cache itself: nothing is copied, where named rows are gathered
+    into a new buffer (32 SmolLM2 rows at 1024 columns: 1.5 GB; 260-278 against 380-384 ms a step on XLA:CPU;
+    at 512 of 1024 columns, where both copy, 222.6 named against 234.5), so the engine names no rows when it
+    would name every slot and the window is the whole cache."""
     with _maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         if rows_c is None:

@@ -172,6 +172,8 @@ class SlotRolloutRunner(RolloutRunner):
                 window = attention_window(min(int(rows["fill_b"][live].max()) + self.check_every,
                                               self.cache_capacity), self.cache_capacity)
                 rows_c = self._decode_rows(np.flatnonzero(live), slots, granule) if compact else None
+                if rows_c is not None and len(rows_c) == slots and window == self.cache_capacity:
+                    rows_c = None  # every slot over the whole cache: in place, no gather (models.slots.decode)
                 state = decode(*weights, state, None if rows_c is None else jnp.asarray(rows_c), key, temperature,
                                top_p, static=static, mesh_rules=self.sampler._mesh_rules, window=window,
                                steps=self.check_every)

@@ -177,14 +177,26 @@ def test_logprobs_equal_a_teacher_forced_pass_over_the_whole_dialog(digit_model)
                                    atol=1e-4)
 
 
-def test_greedy_slots_equal_the_chunked_rollout(digit_model):
+def test_greedy_slots_equal_the_chunked_rollout(digit_model, monkeypatch):
+    """Also at a cache of 128 columns, where every window is the whole cache and a call with both slots live
+    decodes every slot in place instead of naming them (rljax.engine)."""
+    import rljax.engine
+
     sampling = SamplingParams(max_new_tokens=8, temperature=0.0, stop_ids=(toy.EOT,))
     turns = [2, 3, 1, 3, 2]
     env = ScriptedEnv(turns, [(0.0,)] * 5)
-    slots, _ = _run(SlotRolloutRunner, digit_model, env, 5, sampling, num_slots=2, check_every=4)
+    calls = []
+    decode = rljax.engine.decode
+    monkeypatch.setattr(rljax.engine, "decode", lambda *args, **kwargs: calls.append(
+        (args[4] is None, kwargs["window"])) or decode(*args, **kwargs))
     chunks, _ = _run(RolloutRunner, digit_model, env, 5, sampling, num_chunks=2)
-    assert [t.tokens for t in slots] == [t.tokens for t in chunks]
-    assert [t.value_positions for t in slots] == [t.value_positions for t in chunks]
+    for capacity in (256, 128):
+        calls.clear()
+        slots, _ = _run(SlotRolloutRunner, digit_model, env, 5, sampling, capacity, num_slots=2, check_every=4)
+        assert [t.tokens for t in slots] == [t.tokens for t in chunks]
+        assert [t.value_positions for t in slots] == [t.value_positions for t in chunks]
+        assert {window for _, window in calls} == {128}
+        assert any(every for every, _ in calls) == (capacity == 128) and not all(every for every, _ in calls)
 
 
 def test_a_turn_that_does_not_fit_ends_as_context_full_and_a_prompt_that_does_not_fit_fails_at_start(digit_model):
@@ -262,6 +274,54 @@ def test_slot_decode_computes_only_the_named_rows_and_writes_each_layer_cache_in
     assert sizes[(rows, "gather")] == 2 * layers  # each layer's K and V rows, read once per call
     assert sizes[(rows, "scatter")] == 2 * layers  # the loop's writes
     assert sizes[(full, "scatter")] == 2 * layers  # the new columns put back
+
+
+def test_at_a_window_of_the_whole_cache_decoding_every_slot_equals_naming_them_and_copies_no_buffer():
+    """The engine decodes every slot (rows_c None) instead of naming as many rows as there are slots when the
+    window is the whole cache: the same tokens, logprobs and cache as the named rows (3 live slots and one idle,
+    which stays as it was), and its compiled call gathers, copies and slices no whole layer buffer."""
+    import re
+
+    import jax.numpy as jnp
+
+    from models import KVCache
+    from models.slots import SlotState, decode
+
+    model = Llama(LlamaConfig.preset("tiny"), rngs=nnx.Rngs(0))
+    sampler = Sampler(model)
+    sampling = SamplingParams(max_new_tokens=8, temperature=1.0)
+    capacity, slots, fill = 64, 4, np.array([20, 33, 7, 41], np.int32)
+
+    def state() -> SlotState:  # rows holding random keys and values up to their fill (the same on every call)
+        rng = np.random.default_rng(0)
+        cache = KVCache.init(model.config, slots, capacity)
+        cache = cache.replace(k_bkhs=tuple(jnp.asarray(rng.normal(size=k.shape), k.dtype) for k in cache.k_bkhs),
+                              v_bksh=tuple(jnp.asarray(rng.normal(size=v.shape), v.dtype) for v in cache.v_bksh),
+                              valid_bs=jnp.asarray(np.arange(capacity)[None] < fill[:, None]))
+        return SlotState.init(cache, 8).replace(
+            fill_b=jnp.asarray(fill), position_b=jnp.asarray(fill), last_b=jnp.asarray([5, 9, 11, 2], jnp.int32),
+            sequence_b=jnp.arange(slots, dtype=jnp.int32), live_b=jnp.asarray([True, True, False, True]))
+
+    outs = []
+    for rows_c in (jnp.asarray([0, 1, 3, slots], jnp.int32), None):
+        outs.append(decode(*sampler._weights(), state(), rows_c, jax.random.key(1), jnp.float32(1.0),
+                           jnp.float32(1.0), static=sampler._static(sampling), mesh_rules=None, window=capacity,
+                           steps=6))
+    named, every = outs
+    np.testing.assert_array_equal(named.tokens_bn, every.tokens_bn)
+    np.testing.assert_allclose(named.logprobs_bn, every.logprobs_bn, atol=1e-6)
+    for field in ("fill_b", "position_b", "live_b", "count_b", "last_b"):
+        np.testing.assert_array_equal(getattr(named, field), getattr(every, field))
+    assert every.fill_b.tolist()[2] == 7 and int(every.count_b[0]) == 6  # the idle slot stayed, the live ran
+    for a, b in zip(named.cache.k_bkhs + named.cache.v_bksh, every.cache.k_bkhs + every.cache.v_bksh):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    np.testing.assert_array_equal(named.cache.valid_bs, every.cache.valid_bs)
+    hlo = decode.lower(*sampler._weights(), state(), None, jax.random.key(1), jnp.float32(1.0), jnp.float32(1.0),
+                       static=sampler._static(sampling), mesh_rules=None, window=capacity, steps=6
+                       ).compile().as_text()
+    buffer = int(np.prod(named.cache.k_bkhs[0].shape))
+    ops = re.findall(r"= \w+\[([\d,]*)\]\S* (copy|slice|dynamic-slice|gather)\(", hlo)
+    assert [op for shape, op in ops if int(np.prod([int(d) for d in shape.split(",") if d] or [1])) >= buffer] == []
 
 
 def test_a_decode_call_computes_the_live_slots_rounded_up_to_one_of_decode_sizes_batch_sizes():

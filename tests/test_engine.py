@@ -245,13 +245,21 @@ def test_training_on_slots_logs_slot_use_and_resumes_bit_exactly(tmp_path):
         assert all(abs(x[k] - y[k]) < 1e-6 for k in sampler_floats)
 
 
+def _moves(hlo: str, ops: str) -> list[tuple[int, str]]:
+    """(elements of the result, op) of every instruction of the compiled `hlo` whose op matches `ops` (a regex
+    alternation such as "copy|gather")."""
+    import re
+
+    return [(int(np.prod([int(d) for d in shape.split(",") if d] or [1])), op)
+            for shape, op in re.findall(rf"= \w+\[([\d,]*)\]\S* ({ops})\(", hlo)]
+
+
 def test_slot_decode_computes_only_the_named_rows_and_writes_each_layer_cache_in_place():
     """The compiled slot decode loop for 2 of 4 slots at a 512-column window of a 1024-column cache: it gathers
     those rows' window once per layer buffer, writes each layer's keys and values inside the loop with a scatter
     at the rows' own columns, and puts back only the new columns into the full buffers (in place: one scatter
     each, no copy). Nothing copies or slices a whole buffer or a whole window of every row."""
     import collections
-    import re
 
     import jax.numpy as jnp
 
@@ -266,9 +274,7 @@ def test_slot_decode_computes_only_the_named_rows_and_writes_each_layer_cache_in
                        jnp.float32(1.0), jnp.float32(1.0), static=sampler._static(sampling), mesh_rules=None,
                        window=512, steps=4).compile().as_text()
     full, rows = int(np.prod(state.cache.k_bkhs[0].shape)), int(np.prod(state.cache.k_bkhs[0].shape)) // 4
-    ops = re.findall(r"= \w+\[([\d,]*)\]\S* (copy|slice|dynamic-slice|scatter|gather)\(", hlo)
-    sizes = collections.Counter((int(np.prod([int(d) for d in shape.split(",") if d] or [1])), op)
-                                for shape, op in ops)
+    sizes = collections.Counter(_moves(hlo, "copy|slice|dynamic-slice|scatter|gather"))
     layers = model.config.num_layers
     assert [(size, op) for size, op in sizes if size >= rows and op not in ("scatter", "gather")] == []
     assert sizes[(rows, "gather")] == 2 * layers  # each layer's K and V rows, read once per call
@@ -280,8 +286,6 @@ def test_at_a_window_of_the_whole_cache_decoding_every_slot_equals_naming_them_a
     """The engine decodes every slot (rows_c None) instead of naming as many rows as there are slots when the
     window is the whole cache: the same tokens, logprobs and cache as the named rows (3 live slots and one idle,
     which stays as it was), and its compiled call gathers, copies and slices no whole layer buffer."""
-    import re
-
     import jax.numpy as jnp
 
     from models import KVCache
@@ -320,8 +324,7 @@ def test_at_a_window_of_the_whole_cache_decoding_every_slot_equals_naming_them_a
                        static=sampler._static(sampling), mesh_rules=None, window=capacity, steps=6
                        ).compile().as_text()
     buffer = int(np.prod(named.cache.k_bkhs[0].shape))
-    ops = re.findall(r"= \w+\[([\d,]*)\]\S* (copy|slice|dynamic-slice|gather)\(", hlo)
-    assert [op for shape, op in ops if int(np.prod([int(d) for d in shape.split(",") if d] or [1])) >= buffer] == []
+    assert [op for size, op in _moves(hlo, "copy|slice|dynamic-slice|gather") if size >= buffer] == []
 
 
 def test_a_decode_call_computes_the_live_slots_rounded_up_to_one_of_decode_sizes_batch_sizes():

@@ -56,17 +56,23 @@ def _train_only_norm_scales(model: nnx.Module) -> None:
             setattr(model.layers, name, LoraParam(value[...], **value.get_metadata()))
 
 
-def our_step(batch: dict[str, np.ndarray], lora: LoraConfig | None = None,
-             norms_only: bool = False) -> tuple[Callable[[], Any], int]:
-    """(one blocking `Learner.update_policy` call on the batch, bytes of trainable parameters + optimizer
-    state)."""
+def grpo_learner(lora: LoraConfig | None = None, norms_only: bool = False) -> Learner:
+    """The benchmark's Learner: SmolLM2-135M (with `lora` adapters, or training only its norm scales), GRPO with
+    the clipped ratio and a k3 KL term in the loss, AdamW."""
     model = checkpoint.load_checkpoint(smollm2_checkpoint(None))
     if lora is not None:
         add_lora(model, lora)
     if norms_only:
         _train_only_norm_scales(model)
-    learner = Learner(model, LossConfig("grpo", clip_eps=CLIP, kl_coef=KL_COEF, kl_in_loss=True),
-                      OptimConfig(LR, warmup_steps=0, weight_decay=0.1), 1)
+    return Learner(model, LossConfig("grpo", clip_eps=CLIP, kl_coef=KL_COEF, kl_in_loss=True),
+                   OptimConfig(LR, warmup_steps=0, weight_decay=0.1), 1)
+
+
+def our_step(batch: dict[str, np.ndarray], lora: LoraConfig | None = None,
+             norms_only: bool = False) -> tuple[Callable[[], Any], int]:
+    """(one blocking `Learner.update_policy` call on the batch, bytes of trainable parameters + optimizer
+    state)."""
+    learner = grpo_learner(lora, norms_only)
     state_bytes = sum(x.nbytes for x in jax.tree.leaves((learner.policy_state.params, learner.policy_state.opt_state)))
     placed = {k: jax.numpy.asarray(v) for k, v in batch.items()}
     return lambda: jax.block_until_ready(learner.update_policy(placed)), state_bytes

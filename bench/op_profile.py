@@ -95,9 +95,9 @@ def print_table(ops: list[OpTime], wall: float, top: int) -> None:
         print(f"{o.seconds * 1e3:.1f} | {o.seconds / total:.3f} | {o.calls} | {o.kind} | {o.op_name} | {o.shape}")
 
 
-def _decode_case(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
-    """A slots-engine decode call of SmolLM2 on a random cache, compiled, and its arguments (the state is
-    donated: call with a copy)."""
+def _decode_case(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], int]:
+    """A slots-engine decode call of SmolLM2 on a random cache, compiled; its arguments; the index of the one it
+    donates (the state: call with a copy)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -127,12 +127,12 @@ def _decode_case(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
     key = jax.random.key(0)
     compiled = decode.lower(*weights, state, rows, key, temperature, top_p, static=sampler._static(sampling),
                             mesh_rules=None, window=args.window, steps=args.steps).compile()
-    return compiled, (*weights[1:], state, rows, key, temperature, top_p)
+    return compiled, (*weights[1:], state, rows, key, temperature, top_p), len(weights) - 1
 
 
-def _update_case(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
-    """bench_train's GRPO update of SmolLM2 (full, or LoRA rank 16 on every projection), compiled, and its
-    arguments (the train state is donated: call with a copy)."""
+def _update_case(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], int]:
+    """bench_train's GRPO update of SmolLM2 (full, or LoRA rank 16 on every projection), compiled; its arguments;
+    the index of the one it donates (the train state: call with a copy)."""
     import jax
 
     from bench.bench_train import grpo_learner, make_batch
@@ -140,7 +140,7 @@ def _update_case(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
 
     learner = grpo_learner(LoraConfig(("all",), 16, 32.0) if args.lora else None)
     batch = {k: jax.numpy.asarray(v) for k, v in make_batch(learner.policy_model().config.vocab_size).items()}
-    return learner.compiled_update(batch), (learner.policy_state, learner.policy_frozen, batch)
+    return learner.compiled_update(batch), (learner.policy_state, learner.policy_frozen, batch), 0
 
 
 def main() -> None:
@@ -162,8 +162,7 @@ def main() -> None:
     import jax
     import jax.numpy as jnp
 
-    compiled, call_args = (_decode_case if args.case == "decode" else _update_case)(args)
-    donated = 0 if args.case == "update" else len(call_args) - 5  # the state: copied for each call
+    compiled, call_args, donated = (_decode_case if args.case == "decode" else _update_case)(args)
 
     def fresh() -> tuple[Any, ...]:
         return call_args[:donated] + (jax.tree.map(jnp.copy, call_args[donated]),) + call_args[donated + 1:]

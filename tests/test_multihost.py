@@ -2,7 +2,6 @@
 simulated devices, against one process with 8: same GRPO metrics step by step, on the chunked rollout and on the
 slots engine, and a checkpoint written by the two processes resumes on one."""
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -11,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import host_devices_env
+
 REPO = Path(__file__).resolve().parents[1]
 RUN = [sys.executable, "tests/_multihost_run.py"]
-
-
-def _env(devices: int) -> dict[str, str]:
-    return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
 
 
 def _result(stdout: str) -> list[dict]:
@@ -26,8 +23,8 @@ def _result(stdout: str) -> list[dict]:
 
 
 def _single(workdir: Path, steps: int, engine: str = "chunks", devices: int = 8) -> list[dict]:
-    proc = subprocess.run(RUN + [str(workdir), str(steps), engine], cwd=REPO, env=_env(devices), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(RUN + [str(workdir), str(steps), engine], cwd=REPO, env=host_devices_env(devices),
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return _result(proc.stdout)
 
@@ -41,7 +38,7 @@ def _free_port() -> int:
 def _two_processes(workdir: Path, steps: int, engine: str = "chunks", devices_each: int = 4) -> list[dict]:
     port = _free_port()
     procs = [subprocess.Popen(RUN + [str(workdir), str(steps), engine, str(i), "2", str(port)], cwd=REPO,
-                              env=_env(devices_each),
+                              env=host_devices_env(devices_each),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     outputs = []
     try:

@@ -1,7 +1,6 @@
 """models.sampler: greedy parity with transformers, a sampled distribution that matches the computed one,
 logprobs equal to a teacher-forced pass, continuation from cache equal to re-prefill, stop handling, errors."""
 import json
-import os
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ from flax import nnx
 import models
 from models import Llama, LlamaConfig
 from models.sampler import Sampler, SamplingParams
-from tests.conftest import REPO, hf_tiny_llama, random_ids
+from tests.conftest import REPO, hf_tiny_llama, host_devices_env, random_ids
 
 
 class CharTokenizer:
@@ -323,8 +322,7 @@ def test_bad_prompts_fail_with_one_clear_line(tiny):
 
 
 def test_eight_device_mesh_gives_the_same_greedy_tokens():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(REPO))
+    env = host_devices_env(8, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "_sampler_mesh_check.py")], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,13 +1,12 @@
 """Sharding rules and the 1-device vs 8-device (fsdp=4 x tensor=2) equality, in a subprocess."""
 import json
-import os
 import subprocess
 import sys
 
 from jax.sharding import PartitionSpec
 
 from models.sharding import logical_to_spec
-from tests.conftest import REPO
+from tests.conftest import REPO, host_devices_env
 
 
 class _FakeMesh:
@@ -25,8 +24,7 @@ def test_rules_map_logical_axes_and_replicate_indivisible_dims():
 
 
 def test_eight_device_mesh_matches_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(REPO))
+    env = host_devices_env(8, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, str(REPO / "tests" / "_mesh_check.py")], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

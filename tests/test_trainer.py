@@ -22,6 +22,7 @@ from rljax.learner import Learner, LossConfig, OptimConfig
 from rljax.ppo import clipped_policy_loss
 from rljax.rollout import Trajectory
 from rljax.run_config import validate
+from tests.conftest import host_devices_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -236,8 +237,7 @@ def test_on_policy_update_skips_zero_advantage_micro_batches_exactly():
 
 
 def test_sharded_train_step_matches_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(REPO))
+    env = host_devices_env(8, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "tests/_train_mesh_check.py"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -2,10 +2,11 @@
 wheel, evaluated on held-out practice problems, GRPO-trained one step on the training families, evaluated again
 on the same problems, plotted and summarised with the paired difference."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.conftest import optimised_env
 
 REPO = Path(__file__).resolve().parents[1]
 PLOTS = ("reward", "solve_rate", "solve_rate_by_turn", "kl_entropy", "answer_shares", "answer_length", "warmup_nll",
@@ -17,8 +18,7 @@ def test_reduced_demo_writes_metrics_eval_reports_plots_and_summary(tmp_path):
     cmd = [sys.executable, "-m", "rljax.cli", "demo", "--workdir", str(workdir), "--steps", "1",
            "--eval-problems", "2", "--eval-samples", "1", "--max-new-tokens", "24", "--dialogs-per-step", "4",
            "--warmup-steps", "2", "--quiet"]
-    proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(cmd, cwd=REPO, env=optimised_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "demo done in" in proc.stdout and "1@3 after training" in proc.stdout
     summary = json.loads((workdir / "demo_summary.json").read_text())

@@ -28,8 +28,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 # the suite compiles its XLA:CPU programs with LLVM at optimisation level 0: the same XLA programs (HLO passes,
 # fusion and thunks are unchanged; only each kernel's machine code is less optimised). Compiling toy programs is
-# 42% of the main process's time, and this makes it ~40% faster (a trainer and a parity test: 24 s of compiles against
-# 41 s); subprocesses that mostly execute opt out (optimised_env). A flag already in XLA_FLAGS wins.
+# 42% of the main process's time, and this makes it ~40% faster (a trainer and a parity test: 24 s of compiles
+# against 41 s); subprocesses that mostly execute opt out (optimised_env). A flag already in XLA_FLAGS wins.
 # Subprocesses inherit it (host_devices_env adds simulated devices to it rather than replacing it).
 SUITE_XLA_FLAG = "--xla_backend_optimization_level=0"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):

@@ -16,8 +16,13 @@ $(STAMP): setup.py
 
 install: $(STAMP)
 
+# TEST_WORKERS pytest-xdist workers (each holds up to ~6 GB), then, in one process, the tests that need the host
+# to themselves (marked serial: host-wide checks, libtpu)
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial" tests
+	$(PY) -m pytest -q -m serial tests
 
 demo: $(STAMP)
 	$(VENV)/bin/rljax demo

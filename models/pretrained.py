@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 from models.checkpoint import convert_gguf_to_checkpoint
@@ -24,10 +25,16 @@ def smollm2_gguf_path() -> Path:
 
 
 def smollm2_checkpoint(cache_dir: str | Path | None = None) -> Path:
-    """An rljax checkpoint of SmolLM2-135M-Instruct, converted from the GGUF on first use and cached."""
+    """An rljax checkpoint of SmolLM2-135M-Instruct, converted from the GGUF on first use and cached
+    (processes that convert at once keep the first one's)."""
     ckpt = Path(cache_dir or DEFAULT_CACHE) / "smollm2-135m-instruct"
     if not (ckpt / "tokenizer" / "tokenizer.json").exists():
         tmp = ckpt.with_name(ckpt.name + f".tmp{os.getpid()}")
         convert_gguf_to_checkpoint(smollm2_gguf_path(), tmp)
-        tmp.rename(ckpt)
+        try:
+            tmp.rename(ckpt)
+        except OSError:  # another process converted it first (its rename is atomic): keep that one
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (ckpt / "tokenizer" / "tokenizer.json").exists():
+                raise
     return ckpt

@@ -14,12 +14,15 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # SmolLM2 is converted from its GGUF once per session, fresh, into a cache that every test and every subprocess
-# shares (models.pretrained reads RLJAX_CACHE at import); RLJAX_TEST_CACHE keeps a cache across sessions
+# shares (models.pretrained reads RLJAX_CACHE at import); RLJAX_TEST_CACHE keeps a cache across sessions.
+# pytest-xdist's workers share the cache their controller made before starting them (RLJAX_SUITE_CACHE); the
+# controller removes it when the session ends.
 if os.environ.get("RLJAX_TEST_CACHE"):
-    os.environ["RLJAX_CACHE"] = os.environ["RLJAX_TEST_CACHE"]
-else:
-    os.environ["RLJAX_CACHE"] = tempfile.mkdtemp(prefix="rljax-test-cache-")
-    atexit.register(shutil.rmtree, os.environ["RLJAX_CACHE"], True)
+    os.environ["RLJAX_SUITE_CACHE"] = os.environ["RLJAX_TEST_CACHE"]
+elif not (os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("RLJAX_SUITE_CACHE")):
+    os.environ["RLJAX_SUITE_CACHE"] = tempfile.mkdtemp(prefix="rljax-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["RLJAX_SUITE_CACHE"], True)
+os.environ["RLJAX_CACHE"] = os.environ["RLJAX_SUITE_CACHE"]
 
 # compiled XLA programs are shared through JAX's persistent cache by every test and subprocess of the session
 # (a test still compiles each program the first time; toy programs compile in well under JAX's 1 s threshold)
@@ -39,6 +42,13 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 from rljax.host_memory import retain_freed_host_memory  # noqa: E402
 
 retain_freed_host_memory()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "serial: needs the host to itself (a check of every sandbox process on the "
+                            "machine; libtpu, one process per host): `make test` runs it after its pytest-xdist "
+                            "workers, in one process")
+
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

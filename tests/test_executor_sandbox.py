@@ -12,6 +12,9 @@ from executor import run_program, run_tests, Test
 from executor.batch import run_program_batch
 from executor.sandbox import UID_BASE, UID_COUNT, isolation_mode
 
+# each test asserts that no sandbox process is left on the host: any test's sandbox beside it would fail that
+pytestmark = pytest.mark.serial
+
 REPO = Path(__file__).resolve().parents[1]
 needs_bwrap = pytest.mark.skipif(isolation_mode() != "bwrap", reason="bubblewrap not installed: "
                                  "filesystem/network isolation is only promised with bwrap")

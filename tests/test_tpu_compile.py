@@ -11,8 +11,11 @@ import pytest
 from configs import grpo_tiny
 from rljax.cli import main
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                reason="libtpu is not installed: pip install -e '.[tpu-compile]'")
+# libtpu admits one process per host (its lockfile, held until the process ends), so these run in `make test`'s
+# serial part, not beside another pytest-xdist worker
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                 reason="libtpu is not installed: pip install -e '.[tpu-compile]'"),
+              pytest.mark.serial]
 
 
 def _aligned_tiny():

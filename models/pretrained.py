@@ -28,13 +28,14 @@ def smollm2_checkpoint(cache_dir: str | Path | None = None) -> Path:
     """An rljax checkpoint of SmolLM2-135M-Instruct, converted from the GGUF on first use and cached
     (processes that convert at once keep the first one's)."""
     ckpt = Path(cache_dir or DEFAULT_CACHE) / "smollm2-135m-instruct"
-    if not (ckpt / "tokenizer" / "tokenizer.json").exists():
+    complete = ckpt / "tokenizer" / "tokenizer.json"  # written last by the conversion
+    if not complete.exists():
         tmp = ckpt.with_name(ckpt.name + f".tmp{os.getpid()}")
         convert_gguf_to_checkpoint(smollm2_gguf_path(), tmp)
         try:
             tmp.rename(ckpt)
         except OSError:  # another process converted it first (its rename is atomic): keep that one
             shutil.rmtree(tmp, ignore_errors=True)
-            if not (ckpt / "tokenizer" / "tokenizer.json").exists():
+            if not complete.exists():
                 raise
     return ckpt

@@ -110,9 +110,9 @@ def _decode_case(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], int]:
 
     model, tokenizer = build_policy(get_config().model)
     sampler = Sampler(model, tokenizer, length_bucket=64, pad_id=tokenizer.pad_id)
-    weights = sampler._weights()
+    weights = sampler.weights()
     sampling = SamplingParams(max_new_tokens=256, temperature=0.7)
-    temperature, top_p = sampler._scalars(sampling)
+    temperature, top_p = sampler.scalars(sampling)
     rng = np.random.default_rng(0)
     cache = KVCache.init(model.config, args.rows, args.capacity, sampler.cache_dtype)
     cache = cache.replace(
@@ -125,8 +125,9 @@ def _decode_case(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], int]:
         sequence_b=jnp.arange(args.rows, dtype=jnp.int32))
     rows = None if args.window == args.capacity else jnp.arange(args.rows, dtype=jnp.int32)
     key = jax.random.key(0)
-    compiled = decode.lower(*weights, state, rows, key, temperature, top_p, static=sampler._static(sampling),
-                            mesh_rules=None, window=args.window, steps=args.steps).compile()
+    compiled = decode.lower(*weights, state, rows, key, temperature, top_p,
+                            static=sampler.draw_static(sampling), mesh_rules=None, window=args.window,
+                            steps=args.steps).compile()
     return compiled, (*weights[1:], state, rows, key, temperature, top_p), len(weights) - 1
 
 

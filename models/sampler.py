@@ -50,12 +50,12 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from models.llama import KVCache, Llama
 from models.sharding import (DEFAULT_RULES, Rules, batch_sharding, constrain, host_array, logical_to_spec, use_mesh,
                              without_batch_axes)
+from models.token_draw import DrawStatic, append_tokens, pick
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = "eos", "stop", "length"
 _KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_length")  # KVCache.k_bkhs
 _VALUE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")  # KVCache.v_bksh
 _VALID_AXES = ("batch", "cache_length")  # KVCache.valid_bs
-_CANDIDATES = 256  # top-p is searched among this many most likely tokens first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,124 +125,11 @@ class SamplerState:
         return self.last_b.shape[0]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    """The compile-time choices of one generation call."""
-
-    greedy: bool
-    top_k: int
-    use_top_p: bool
-    stop_ids: tuple[int, ...]
-    max_new: int
-
-
-def first_argmax(x_bv: jax.Array) -> jax.Array:
-    """`jnp.argmax` over the last axis (the first index of the maximum) as two plain reductions, a max and a
-    min of the indices holding it: XLA:CPU vectorises those but not argmax's (value, index) reduction, which
-    took 12 of the 16 ms of a draw over [32, 49152] on 2 cores (this takes ~1 ms there)."""
-    top_b1 = jnp.max(x_bv, axis=-1, keepdims=True)
-    index_v = jnp.arange(x_bv.shape[-1], dtype=jnp.int32)
-    first_b = jnp.min(jnp.where(x_bv == top_b1, index_v, x_bv.shape[-1]), axis=-1)
-    return jnp.minimum(first_b, x_bv.shape[-1] - 1)  # a row of NaNs has no maximum
-
-
-def _categorical(key: jax.Array, logits_bv: jax.Array) -> jax.Array:
-    """`jax.random.categorical(key, logits_bv)`, the same draw for the same key (the Gumbel-max argmax of
-    logits + gumbel(key, shape)), through `first_argmax`."""
-    return first_argmax(logits_bv + jax.random.gumbel(key, logits_bv.shape, logits_bv.dtype))
-
-
-def _nucleus_mask_full(scaled_bv: jax.Array, top_p: jax.Array) -> jax.Array:
-    """Exact top-p set over the whole vocabulary without a sort: bisection on the bit pattern of the
-    probabilities (monotone for non-negative floats) for the largest threshold whose mass is >= top_p."""
-    probs = jax.nn.softmax(scaled_bv, axis=-1)
-    bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
-    lo = jnp.zeros(bits.shape[:1] + (1,), jnp.int32)
-    hi = jnp.max(bits, axis=-1, keepdims=True) + 1
-
-    def halve(_, bounds):
-        lo, hi = bounds
-        mid = lo + (hi - lo) // 2
-        enough = jnp.sum(jnp.where(bits >= mid, probs, 0.0), axis=-1, keepdims=True) >= top_p
-        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
-
-    lo, _ = jax.lax.fori_loop(0, 32, halve, (lo, hi))
-    return bits >= lo
-
-
-def _sample_filtered(scaled_bv: jax.Array, key: jax.Array, top_p: jax.Array, static: _Static) -> jax.Array:
-    """Sample from softmax(scaled) restricted to top-k, then to the top-p nucleus of what remains.
-
-    The nucleus is searched among the top `_CANDIDATES` tokens (one `lax.top_k`, no sort of the vocabulary);
-    when those do not hold top_p of the mass for some row, an exact full-vocabulary search is used instead.
-    """
-    vocab = scaled_bv.shape[-1]
-    width = min(static.top_k or _CANDIDATES, vocab)
-    values_bc, index_bc = jax.lax.top_k(scaled_bv, width)
-    keep_bc = jnp.ones(values_bc.shape, bool)
-    if static.use_top_p:
-        # probabilities relative to what the top-k filter left (all of the vocabulary when top_k is off)
-        log_norm = (jax.nn.logsumexp(values_bc, axis=-1, keepdims=True) if static.top_k
-                    else jax.nn.logsumexp(scaled_bv, axis=-1, keepdims=True))
-        probs_bc = jnp.exp(values_bc - log_norm)
-        keep_bc = (jnp.cumsum(probs_bc, axis=-1) - probs_bc) < top_p
-    pick_b = _categorical(key, jnp.where(keep_bc, values_bc, -jnp.inf))
-    token_b = jnp.take_along_axis(index_bc, pick_b[:, None], axis=-1)[:, 0]
-    if not static.use_top_p or static.top_k or width == vocab:
-        return token_b
-    covered = jnp.all(jnp.sum(probs_bc, axis=-1) >= top_p)
-
-    def full_search() -> jax.Array:
-        masked = jnp.where(_nucleus_mask_full(scaled_bv, top_p), scaled_bv, -jnp.inf)
-        return _categorical(key, masked)
-
-    return jax.lax.cond(covered, lambda: token_b, full_search)
-
-
-def _pick(logits_bv: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static
-          ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Sampled (or argmax) token per row, its log-probability under softmax(logits / temperature) and that
-    distribution's entropy."""
-    if static.greedy:
-        token = first_argmax(logits_bv)
-        scaled = logits_bv
-    else:
-        scaled = logits_bv / temperature
-        if static.top_k or static.use_top_p:
-            token = _sample_filtered(scaled, key, top_p, static)
-        else:
-            token = _categorical(key, scaled)
-    token = token.astype(jnp.int32)
-    log_probs = jax.nn.log_softmax(scaled, axis=-1)
-    logprob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
-    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
-    return token, logprob, entropy
-
-
-def _append_tokens(state: Any, live_b: jax.Array, token_b: jax.Array, logprob_b: jax.Array, entropy_b: jax.Array,
-                   static: _Static) -> tuple[dict[str, jax.Array], jax.Array]:
-    """Each live row's new token, its logprob and entropy put at the row's count in `state`'s [B, max_new]
-    buffers. Returns the new `tokens_bn`, `logprobs_bn`, `entropy_bn`, `count_b`, `last_b` and whether each row
-    ends here (a stop id, or max_new tokens)."""
-    rows = jnp.arange(token_b.shape[0])
-    slot = jnp.minimum(state.count_b, static.max_new - 1)
-
-    def put(buffer: jax.Array, value: jax.Array) -> jax.Array:
-        return buffer.at[rows, slot].set(jnp.where(live_b, value, buffer[rows, slot]))
-
-    count = state.count_b + live_b
-    is_stop = jnp.isin(token_b, jnp.asarray(static.stop_ids, jnp.int32)) if static.stop_ids else False
-    fields = {"tokens_bn": put(state.tokens_bn, token_b), "logprobs_bn": put(state.logprobs_bn, logprob_b),
-              "entropy_bn": put(state.entropy_bn, entropy_b), "count_b": count,
-              "last_b": jnp.where(live_b, token_b, state.last_b)}
-    return fields, is_stop | (count >= static.max_new)
-
-
 def _record(state: SamplerState, token_b: jax.Array, logprob_b: jax.Array, entropy_b: jax.Array,
-            static: _Static) -> SamplerState:
+            static: DrawStatic) -> SamplerState:
     """Append each live sequence's new token; finish it on a stop id or at max_new tokens."""
     live = ~state.done_b
-    fields, ends = _append_tokens(state, live, token_b, logprob_b, entropy_b, static)
+    fields, ends = append_tokens(state, live, token_b, logprob_b, entropy_b, static)
     return state.replace(**fields, done_b=state.done_b | (live & ends))
 
 
@@ -251,7 +138,7 @@ _Weights = tuple[nnx.GraphDef, nnx.State, Layers]
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
-def _per_layer(graphdef: nnx.GraphDef, params: nnx.State) -> Layers:
+def per_layer_weights(graphdef: nnx.GraphDef, params: nnx.State) -> Layers:
     return nnx.merge(graphdef, params).layers.per_layer()
 
 
@@ -289,22 +176,22 @@ def sampling_shardings(params: Any, layers: Any, rules: Rules) -> tuple[Any, Any
                    donate_argnames=("cache",))
 def _prefill(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, cache: KVCache, tokens_ut: jax.Array,
              mask_ut: jax.Array, start_position_b: jax.Array, active_b: jax.Array, last_b: jax.Array, key: jax.Array,
-             temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any, window: int,
+             temperature: jax.Array, top_p: jax.Array, static: DrawStatic, mesh_rules: Any, window: int,
              fresh: bool = False, rows_b: jax.Array | None = None) -> SamplerState:
     """Write the (left-padded) new tokens into the cache and sample the first new token of each active
     sequence; inactive ones keep their pending token and position. The pass works on cache slots [0, window).
 
     fresh: the cache is empty (a first turn); then `rows_b` may give each sequence b its input row rows_b[b]
     (U <= B distinct prompts, each computed once; its K/V are copied into every row that shares it)."""
-    with _maybe_mesh(mesh_rules):
+    with maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         positions_ut = jnp.maximum(jnp.cumsum(mask_ut, axis=-1) - 1, 0)  # after each row's start position
         if rows_b is None:
             positions_ut = positions_ut + start_position_b[:, None]
         full = cache
-        h_utd, cache = model.hidden_states(tokens_ut, positions_ut, mask_ut, _window_of(cache, window), layers,
+        h_utd, cache = model.hidden_states(tokens_ut, positions_ut, mask_ut, window_of(cache, window), layers,
                                            fresh=fresh, rows_b=rows_b)
-        cache = _constrain_cache(_put_window(full, cache))
+        cache = constrain_cache(put_window(full, cache))
         logits = model.logits(h_utd[:, -1:])[:, 0]
         last_position_b = positions_ut[:, -1]
         if rows_b is not None:
@@ -317,20 +204,20 @@ def _prefill(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, cache: K
             tokens_bn=jnp.zeros((batch, static.max_new), jnp.int32),
             logprobs_bn=jnp.zeros((batch, static.max_new), jnp.float32),
             entropy_bn=jnp.zeros((batch, static.max_new), jnp.float32), step=jnp.zeros((), jnp.int32))
-        token, logprob, entropy = _pick(logits, jax.random.fold_in(key, 0), temperature, top_p, static)
+        token, logprob, entropy = pick(logits, jax.random.fold_in(key, 0), temperature, top_p, static)
         return _record(state, token, logprob, entropy, static)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window"),
                    donate_argnames=("state",))
 def _decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SamplerState, step_limit: jax.Array,
-            key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any, window: int
+            key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: DrawStatic, mesh_rules: Any, window: int
             ) -> SamplerState:
     """Feed each live sequence's last token and sample the next, until all are done or `step_limit` steps.
     The loop runs on the cache's first `window` slots, copied out once before it and back once after it (the
     caller keeps the cache index below `window`): a slice of the full buffers inside the loop would make XLA
     copy every layer's whole buffer on every step."""
-    with _maybe_mesh(mesh_rules):
+    with maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
 
         def cond(s: SamplerState) -> jax.Array:
@@ -339,14 +226,14 @@ def _decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Sa
         def body(s: SamplerState) -> SamplerState:
             live = ~s.done_b
             logits, cache = model(s.last_b[:, None], s.position_b[:, None], live[:, None], s.cache, layers)
-            token, logprob, entropy = _pick(logits[:, 0], jax.random.fold_in(key, s.step + 1), temperature, top_p,
-                                            static)
-            s = s.replace(cache=_constrain_cache(cache), position_b=s.position_b + live, step=s.step + 1)
+            token, logprob, entropy = pick(logits[:, 0], jax.random.fold_in(key, s.step + 1), temperature, top_p,
+                                           static)
+            s = s.replace(cache=constrain_cache(cache), position_b=s.position_b + live, step=s.step + 1)
             return _record(s, token, logprob, entropy, static)
 
         full = state.cache
-        state = jax.lax.while_loop(cond, body, state.replace(cache=_window_of(full, window)))
-        return state.replace(cache=_constrain_cache(_put_window(full, state.cache)))
+        state = jax.lax.while_loop(cond, body, state.replace(cache=window_of(full, window)))
+        return state.replace(cache=constrain_cache(put_window(full, state.cache)))
 
 
 @functools.partial(jax.jit, donate_argnames=("state",))
@@ -367,7 +254,7 @@ def _truncate(state: SamplerState, cut_b: jax.Array) -> SamplerState:
                          done_b=state.done_b | hit)
 
 
-def _window_of(cache: KVCache, window: int) -> KVCache:
+def window_of(cache: KVCache, window: int) -> KVCache:
     """The first `window` slots of every buffer: the cache a pass works on (one copy of the window per call)."""
     if window >= cache.length:
         return cache
@@ -375,7 +262,7 @@ def _window_of(cache: KVCache, window: int) -> KVCache:
                    cache.valid_bs[:, :window], cache.index)
 
 
-def _put_window(full: KVCache, window: KVCache) -> KVCache:
+def put_window(full: KVCache, window: KVCache) -> KVCache:
     """`window` written back over the first slots of `full` (in place: the state is donated)."""
     if window.length == full.length:
         return window
@@ -385,7 +272,7 @@ def _put_window(full: KVCache, window: KVCache) -> KVCache:
                    put(full.valid_bs, window.valid_bs, (0, 0)), window.index)
 
 
-def _constrain_cache(cache: KVCache) -> KVCache:
+def constrain_cache(cache: KVCache) -> KVCache:
     return cache.replace(k_bkhs=tuple(constrain(k, _KEY_AXES) for k in cache.k_bkhs),
                          v_bksh=tuple(constrain(v, _VALUE_AXES) for v in cache.v_bksh),
                          valid_bs=constrain(cache.valid_bs, _VALID_AXES))
@@ -401,7 +288,7 @@ def cache_shardings(cache: KVCache, mesh: Mesh, rules: Rules = DEFAULT_RULES) ->
                    spec(cache.valid_bs, _VALID_AXES), NamedSharding(mesh, PartitionSpec()))
 
 
-def _maybe_mesh(mesh_rules: tuple[Mesh, Rules] | None) -> Any:
+def maybe_mesh(mesh_rules: tuple[Mesh, Rules] | None) -> Any:
     """The (mesh, rules) context for activation constraints; `mesh_rules` is a static (hashable) jit argument."""
     return use_mesh(*mesh_rules) if mesh_rules is not None else contextlib.nullcontext()
 
@@ -469,7 +356,7 @@ class Sampler:
                              f"max_position_embeddings ({max_pos})")
         cache = self.place_cache(KVCache.init(self.model.config, len(prompts), capacity, self.cache_dtype))
         start = np.zeros(len(prompts), np.int32)
-        weights = self._weights()
+        weights = self.weights()
         state = self._prefill(weights, cache, prompts, width, start, [True] * len(prompts),
                               np.zeros(len(prompts), np.int32), sampling, key, fresh=True)
         return self._run(weights, state, sampling, key)
@@ -499,7 +386,7 @@ class Sampler:
         if int(positions.max()) + longest + sampling.max_new_tokens > self.model.config.max_position_embeddings:
             raise ValueError("Sampler.extend: the dialog would exceed the model's max_position_embeddings "
                              f"({self.model.config.max_position_embeddings})")
-        weights = self._weights()
+        weights = self.weights()
         new_state = self._prefill(weights, state.cache, segments, width, positions, active, last, sampling, key)
         completions, new_state = self._run(weights, new_state, sampling, key)
         return [c if a else None for c, a in zip(completions, active)], new_state
@@ -520,10 +407,10 @@ class Sampler:
         placed = jax.device_put(cache.replace(index=None), shardings.replace(index=None))
         return placed.replace(index=cache.index)
 
-    def _static(self, sampling: SamplingParams) -> _Static:
-        return _Static(greedy=sampling.greedy, top_k=0 if sampling.greedy else sampling.top_k,
-                       use_top_p=not sampling.greedy and sampling.top_p < 1.0, stop_ids=sampling.stop_ids,
-                       max_new=sampling.max_new_tokens)
+    def draw_static(self, sampling: SamplingParams) -> DrawStatic:
+        return DrawStatic(greedy=sampling.greedy, top_k=0 if sampling.greedy else sampling.top_k,
+                          use_top_p=not sampling.greedy and sampling.top_p < 1.0, stop_ids=sampling.stop_ids,
+                          max_new=sampling.max_new_tokens)
 
     def check_token_ids(self, tokens: np.ndarray, owner: str) -> None:
         """One line naming `owner` when an id of `tokens` is outside the model's vocabulary [0, V)."""
@@ -531,14 +418,14 @@ class Sampler:
         if tokens.min() < 0 or tokens.max() >= vocab:
             raise ValueError(f"{owner}: token ids must be in [0, {vocab}), got range [{tokens.min()}, {tokens.max()}]")
 
-    def _scalars(self, sampling: SamplingParams) -> tuple[jax.Array, jax.Array]:
+    def scalars(self, sampling: SamplingParams) -> tuple[jax.Array, jax.Array]:
         return jnp.float32(sampling.temperature or 1.0), jnp.float32(sampling.top_p)
 
-    def _weights(self) -> _Weights:
+    def weights(self) -> _Weights:
         """The model read now: graph, parameters and the per-layer weight copies the cached passes read (made
         once per generate/extend call, so the decode loop slices nothing)."""
         graphdef, params = nnx.split(self.model)
-        layers = _per_layer(graphdef, params)
+        layers = per_layer_weights(graphdef, params)
         params = head_in_compute_dtype(params, self.model.config)
         if self._mesh_rules is not None and self.replicate_weights:
             params, layers = jax.device_put((params, layers), sampling_shardings(params, layers, self._mesh_rules[1]))
@@ -563,20 +450,20 @@ class Sampler:
             mask[b, width - len(seg):] = active[b]
         self.check_token_ids(tokens, "Sampler")
         graphdef, params, layers = weights
-        temperature, top_p = self._scalars(sampling)
+        temperature, top_p = self.scalars(sampling)
         batch = len(start_positions)
         inputs = self._place((tokens, mask, np.asarray(start_positions, np.int32), np.ones(batch, bool)
                               if rows_b is not None else np.asarray(active, bool), np.asarray(last, np.int32)))
         window = attention_window(int(cache.index) + width, cache.length)
         return _prefill(graphdef, params, layers, cache, *inputs, key, temperature, top_p,
-                        static=self._static(sampling), mesh_rules=self._mesh_rules, window=window, fresh=fresh,
+                        static=self.draw_static(sampling), mesh_rules=self._mesh_rules, window=window, fresh=fresh,
                         rows_b=None if rows_b is None else self._place(rows_b))
 
     def _run(self, weights: _Weights, state: SamplerState, sampling: SamplingParams, key: jax.Array
              ) -> tuple[list[Completion], SamplerState]:
         graphdef, params, layers = weights
-        temperature, top_p = self._scalars(sampling)
-        static = self._static(sampling)
+        temperature, top_p = self.scalars(sampling)
+        static = self.draw_static(sampling)
         if sampling.stop_strings and self.tokenizer is None:
             raise ValueError("Sampler: stop_strings need a tokenizer")
         chunk = sampling.stop_check_every if sampling.stop_strings else sampling.max_new_tokens

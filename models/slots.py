@@ -35,9 +35,9 @@ import numpy as np
 from flax import nnx
 
 from models.llama import KVCache
-from models.sampler import (Layers, _append_tokens, _constrain_cache, _maybe_mesh, _pick, _put_window, _Static,
-                            _window_of)
+from models.sampler import Layers, constrain_cache, maybe_mesh, put_window, window_of
 from models.sharding import batch_sharding, host_array
+from models.token_draw import DrawStatic, append_tokens, pick
 
 
 @flax.struct.dataclass
@@ -68,19 +68,19 @@ class SlotState:
 
 
 def _pick_rows(logits_bv: jax.Array, key: jax.Array, sequence_b: jax.Array, position_b: jax.Array,
-               temperature: jax.Array, top_p: jax.Array, static: _Static
+               temperature: jax.Array, top_p: jax.Array, static: DrawStatic
                ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`models.sampler._pick` for each row with its own key fold_in(fold_in(key, sequence), position)."""
+    """`models.token_draw.pick` for each row with its own key fold_in(fold_in(key, sequence), position)."""
     keys = jax.vmap(lambda s, p: jax.random.fold_in(jax.random.fold_in(key, s), p))(sequence_b, position_b)
     token, logprob, entropy = jax.vmap(
-        lambda row, k: _pick(row[None], k, temperature, top_p, static))(logits_bv, keys)
+        lambda row, k: pick(row[None], k, temperature, top_p, static))(logits_bv, keys)
     return token[:, 0], logprob[:, 0], entropy[:, 0]
 
 
 def _record(state: SlotState, live_b: jax.Array, token_b: jax.Array, logprob_b: jax.Array, entropy_b: jax.Array,
-            static: _Static) -> SlotState:
+            static: DrawStatic) -> SlotState:
     """Append the new token of each live row; a row stops being live on a stop id or at max_new tokens."""
-    fields, ends = _append_tokens(state, live_b, token_b, logprob_b, entropy_b, static)
+    fields, ends = append_tokens(state, live_b, token_b, logprob_b, entropy_b, static)
     return state.replace(**fields, live_b=live_b & ~ends)
 
 
@@ -162,7 +162,7 @@ def _by_shard(shards: int, fn: Callable[..., Any], *args: Any) -> Any:
                    donate_argnames=("state",))
 def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SlotState, tokens_ut: jax.Array,
           length_u: jax.Array, row_u: jax.Array, reset_u: jax.Array, slot_a: jax.Array, source_a: jax.Array,
-          sequence_a: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static,
+          sequence_a: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: DrawStatic,
           mesh_rules: Any, window: int, fresh: bool = False, shards: int = 1,
           final_a: jax.Array | None = None) -> SlotState:
     """Prefill U segments and start A slots on them. Segment u is `tokens_ut[u, :length_u[u]]` (right-padded):
@@ -186,7 +186,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
     admissions and the slots are laid out in as many blocks, and segment u of block s serves (and continues) only
     slots of block s, so the rows' keys and values are read and written where they are (`_by_shard`); the host
     lays them out so (`rljax.engine`), computing a prompt shared by slots of two blocks once in each."""
-    with _maybe_mesh(mesh_rules):
+    with maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         fill_u = jnp.where(reset_u, 0, state.fill_b[row_u])
         start_u = jnp.where(reset_u, 0, state.position_b[row_u])
@@ -196,8 +196,8 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
         segments_per_block = tokens_ut.shape[0] // shards
         cache = state.cache.replace(index=None)  # blocks of rows only (`_by_shard`)
         if fresh:
-            history = _constrain_cache(KVCache.init(model.config, tokens_ut.shape[0], window,
-                                                    state.cache.k_bkhs[0].dtype))
+            history = constrain_cache(KVCache.init(model.config, tokens_ut.shape[0], window,
+                                                   state.cache.k_bkhs[0].dtype))
         else:
             history = _by_shard(shards, lambda shard, cache, row_u: _rows_of(
                 cache, row_u - shard * slots_per_block, window), cache, row_u)
@@ -229,7 +229,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
         put_sampled = lambda buffer, value: buffer.at[sampled_a].set(value, mode="drop")  # noqa: E731
         first = lambda buffer, value: buffer.at[sampled_a, 0].set(value, mode="drop")  # noqa: E731
         return state.replace(
-            cache=_constrain_cache(cache), fill_b=put(state.fill_b, (fill_u + length_u)[source_a]),
+            cache=constrain_cache(cache), fill_b=put(state.fill_b, (fill_u + length_u)[source_a]),
             last_b=put_sampled(state.last_b, token), position_b=put(state.position_b, position),
             sequence_b=put(state.sequence_b, sequence_a),
             live_b=put(state.live_b, live if final_a is None else live & final_a),
@@ -244,7 +244,7 @@ _ROW_FIELDS = ("fill_b", "last_b", "position_b", "sequence_b", "live_b", "count_
 @functools.partial(jax.jit, static_argnames=("graphdef", "static", "mesh_rules", "window", "steps"),
                    donate_argnames=("state",))
 def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: SlotState, rows_c: jax.Array | None,
-           key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: _Static, mesh_rules: Any, window: int,
+           key: jax.Array, temperature: jax.Array, top_p: jax.Array, static: DrawStatic, mesh_rules: Any, window: int,
            steps: int) -> SlotState:
     """Up to `steps` decode steps of the live slots among `rows_c` ([C] slot indices; an index past the batch
     pads), fewer when none is left live. Each live slot feeds its pending token at its own column and samples
@@ -261,10 +261,10 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slo
     into a new buffer (32 SmolLM2 rows at 1024 columns: 1.5 GB; 260-278 against 380-384 ms a step on XLA:CPU;
     at 512 of 1024 columns, where both copy, 222.6 named against 234.5), so the engine names no rows when it
     would name every slot and the window is the whole cache."""
-    with _maybe_mesh(mesh_rules):
+    with maybe_mesh(mesh_rules):
         model = nnx.merge(graphdef, params)
         if rows_c is None:
-            rows = state.replace(cache=_window_of(state.cache, window))
+            rows = state.replace(cache=window_of(state.cache, window))
         else:
             rows = state.replace(cache=_rows_of(state.cache, rows_c, window),
                                  **{name: _take_rows(getattr(state, name), rows_c) for name in _ROW_FIELDS})
@@ -283,16 +283,16 @@ def decode(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slo
             logits = model.logits(model.final_norm(h_btd))[:, 0]
             position = s.position_b + live
             token, logprob, entropy = _pick_rows(logits, key, s.sequence_b, position, temperature, top_p, static)
-            s = s.replace(cache=_constrain_cache(cache), fill_b=s.fill_b + live, position_b=position)
+            s = s.replace(cache=constrain_cache(cache), fill_b=s.fill_b + live, position_b=position)
             return step + 1, _record(s, live, token, logprob, entropy, static)
 
         _, done = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), rows))
         if rows_c is None:
-            return done.replace(cache=_constrain_cache(_put_window(state.cache, done.cache)))
+            return done.replace(cache=constrain_cache(put_window(state.cache, done.cache)))
         cache = _copy_columns(state.cache, done.cache, jnp.arange(rows_c.shape[0]), rows_c, rows.fill_b,
                               done.fill_b - rows.fill_b, steps)
         put = lambda full, part: full.at[rows_c].set(part, mode="drop")  # noqa: E731
-        return state.replace(cache=_constrain_cache(cache),
+        return state.replace(cache=constrain_cache(cache),
                              **{name: put(getattr(state, name), getattr(done, name)) for name in _ROW_FIELDS})
 
 

@@ -103,9 +103,9 @@ class SlotRolloutRunner(RolloutRunner):
         cache = self.sampler.place_cache(KVCache.init(model.config, slots, self.cache_capacity,
                                                       self.sampler.cache_dtype))
         state = SlotState.init(cache, self.sampling.max_new_tokens)
-        weights = self.sampler._weights()
-        temperature, top_p = self.sampler._scalars(self.sampling)
-        static = self.sampler._static(self.sampling)
+        weights = self.sampler.weights()
+        temperature, top_p = self.sampler.scalars(self.sampling)
+        static = self.sampler.draw_static(self.sampling)
         granule = self._decode_granule(slots)
         compact = not decodes_every_slot(self.sampler._mesh_rules, slots)
         group = max(collections.Counter(groups).values(), default=1)  # answers per prompt (GRPO's G)

@@ -188,7 +188,8 @@ def _abstract_model(model_fn: Callable[[], nnx.Module], mesh: Any) -> nnx.Module
 
 def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpec, Any]:
     """Compile the run's programs for `topology`; (phases, chip figures, mesh). Raises TpuCompileError."""
-    from models.sampler import _Static, _per_layer, head_in_compute_dtype, sampling_shardings
+    from models.sampler import head_in_compute_dtype, per_layer_weights, sampling_shardings
+    from models.token_draw import DrawStatic
     from rljax.learner import Learner, TrainState, split_trainable
     from rljax.plan import train_batch_shapes
     from rljax.run_config import lora_config, loss_config, model_architecture, optim_config
@@ -239,9 +240,9 @@ def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpe
                 phases.append(_phase("value update", _compile(learner._update_value.lower(
                     learner.value_state, learner.value_frozen, batch))))
             graphdef, params = nnx.split(learner.policy_model())
-            copy = _compile(jax.jit(_per_layer, static_argnames=("graphdef",)).lower(graphdef, params))
+            copy = _compile(jax.jit(per_layer_weights, static_argnames=("graphdef",)).lower(graphdef, params))
             phases.append(_phase("sampler per-layer weights", copy))
-            layers = _sharded(jax.eval_shape(lambda p: _per_layer(graphdef, p), params),
+            layers = _sharded(jax.eval_shape(lambda p: per_layer_weights(graphdef, p), params),
                               copy.compiled.output_shardings)
             params = _sharded(jax.eval_shape(lambda p: head_in_compute_dtype(p, arch), params),  # as the Sampler
                               jax.tree.map(lambda x: x.sharding, params))
@@ -256,8 +257,8 @@ def compile_run(config: ConfigDict, topology: str) -> tuple[list[Phase], ChipSpe
             one = NamedSharding(mesh, PartitionSpec())
             key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=one)
             scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=one)
-            static = _Static(greedy=False, top_k=r.top_k, use_top_p=r.top_p < 1.0, stop_ids=(0,),
-                             max_new=r.max_new_tokens)
+            static = DrawStatic(greedy=False, top_k=r.top_k, use_top_p=r.top_p < 1.0, stop_ids=(0,),
+                                max_new=r.max_new_tokens)
             phases_of = _engine_phases if r.engine == "slots" else _chunk_phases
             phases += phases_of(arch, mesh, r, dialogs, width, (graphdef, params, layers), (key, scalar, scalar),
                                 static, (mesh, DEFAULT_RULES), rows)

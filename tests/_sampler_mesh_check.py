@@ -30,7 +30,7 @@ def run_slots(sampler, prompts, compact=True):
     only; else every slot, as the engine does on a mesh that splits them), then slots 5-7 and all rows; greedy
     to 12 tokens each. Also the compiled decode of the first call."""
     sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
-    weights, static = sampler._weights(), sampler._static(sampling)
+    weights, static = sampler.weights(), sampler.draw_static(sampling)
     state = slots.SlotState.init(sampler._place(KVCache.init(sampler.model.config, 8, 128)), 12)
     one = (jnp.float32(1.0), jnp.float32(1.0))
 
@@ -69,7 +69,7 @@ def run_engine_admissions(sampler, prompts):
     from rljax.engine import SlotRolloutRunner
 
     sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
-    weights, static = sampler._weights(), sampler._static(sampling)
+    weights, static = sampler.weights(), sampler.draw_static(sampling)
     state = slots.SlotState.init(sampler._place(KVCache.init(sampler.model.config, 8, 128)), 12)
     one = (jnp.float32(1.0), jnp.float32(1.0))
     runner = type("Runner", (), {"sampler": sampler, "cache_capacity": 128, "admit_width": 0,
@@ -123,11 +123,11 @@ def decode_weight_gathers(sampler, state) -> int:
     """All-gathers of at least 1024 elements (the tiny model's smallest weight, [64, 16]) in the compiled decode
     loop of `state`: a weight split over fsdp is gathered on every step. The loop's per-row bookkeeping (done
     flags, counts: [8] and [8, 2]) is gathered in both layouts."""
-    weights = sampler._weights()
+    weights = sampler.weights()
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     sampling = SamplingParams(max_new_tokens=12, temperature=0.0)
     return large_gathers(_decode.lower(*weights, abstract, jnp.int32(12), jax.random.key(0), jnp.float32(1.0),
-                                       jnp.float32(1.0), static=sampler._static(sampling),
+                                       jnp.float32(1.0), static=sampler.draw_static(sampling),
                                        mesh_rules=sampler._mesh_rules, window=128).compile().as_text())
 
 

@@ -270,8 +270,8 @@ def test_slot_decode_computes_only_the_named_rows_and_writes_each_layer_cache_in
     sampler = Sampler(model)
     sampling = SamplingParams(max_new_tokens=8, temperature=1.0)
     state = SlotState.init(KVCache.init(model.config, 4, 1024), 8)
-    hlo = decode.lower(*sampler._weights(), state, jnp.array([1, 3], jnp.int32), jax.random.key(0),
-                       jnp.float32(1.0), jnp.float32(1.0), static=sampler._static(sampling), mesh_rules=None,
+    hlo = decode.lower(*sampler.weights(), state, jnp.array([1, 3], jnp.int32), jax.random.key(0),
+                       jnp.float32(1.0), jnp.float32(1.0), static=sampler.draw_static(sampling), mesh_rules=None,
                        window=512, steps=4).compile().as_text()
     full, rows = int(np.prod(state.cache.k_bkhs[0].shape)), int(np.prod(state.cache.k_bkhs[0].shape)) // 4
     sizes = collections.Counter(_moves(hlo, "copy|slice|dynamic-slice|scatter|gather"))
@@ -308,8 +308,8 @@ def test_at_a_window_of_the_whole_cache_decoding_every_slot_equals_naming_them_a
 
     outs = []
     for rows_c in (jnp.asarray([0, 1, 3, slots], jnp.int32), None):
-        outs.append(decode(*sampler._weights(), state(), rows_c, jax.random.key(1), jnp.float32(1.0),
-                           jnp.float32(1.0), static=sampler._static(sampling), mesh_rules=None, window=capacity,
+        outs.append(decode(*sampler.weights(), state(), rows_c, jax.random.key(1), jnp.float32(1.0),
+                           jnp.float32(1.0), static=sampler.draw_static(sampling), mesh_rules=None, window=capacity,
                            steps=6))
     named, every = outs
     np.testing.assert_array_equal(named.tokens_bn, every.tokens_bn)
@@ -320,8 +320,8 @@ def test_at_a_window_of_the_whole_cache_decoding_every_slot_equals_naming_them_a
     for a, b in zip(named.cache.k_bkhs + named.cache.v_bksh, every.cache.k_bkhs + every.cache.v_bksh):
         np.testing.assert_allclose(a, b, atol=1e-6)
     np.testing.assert_array_equal(named.cache.valid_bs, every.cache.valid_bs)
-    hlo = decode.lower(*sampler._weights(), state(), None, jax.random.key(1), jnp.float32(1.0), jnp.float32(1.0),
-                       static=sampler._static(sampling), mesh_rules=None, window=capacity, steps=6
+    hlo = decode.lower(*sampler.weights(), state(), None, jax.random.key(1), jnp.float32(1.0), jnp.float32(1.0),
+                       static=sampler.draw_static(sampling), mesh_rules=None, window=capacity, steps=6
                        ).compile().as_text()
     buffer = int(np.prod(named.cache.k_bkhs[0].shape))
     assert [op for size, op in _moves(hlo, "copy|slice|dynamic-slice|gather") if size >= buffer] == []

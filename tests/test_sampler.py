@@ -175,9 +175,9 @@ def test_decode_step_copies_no_weight_stack_and_no_cache_buffer(tiny):
     sampler = Sampler(tiny)
     sampling = SamplingParams(max_new_tokens=4, temperature=1.0)
     _, state = sampler.generate([[1, 2, 3], [4, 5]], sampling, jax.random.key(0), cache_capacity=1024)
-    graphdef, params, layers = sampler._weights()
+    graphdef, params, layers = sampler.weights()
     hlo = _decode.lower(graphdef, params, layers, state, jnp.int32(4), jax.random.key(1), jnp.float32(1.0),
-                        jnp.float32(1.0), static=sampler._static(sampling), mesh_rules=None,
+                        jnp.float32(1.0), static=sampler.draw_static(sampling), mesh_rules=None,
                         window=128).compile().as_text()
 
     def moved(text: str, at_least: int) -> list[tuple[str, str]]:
@@ -198,14 +198,14 @@ def test_decode_step_copies_no_weight_stack_and_no_cache_buffer(tiny):
 def test_the_draw_and_argmax_equal_jax_random_categorical_and_jnp_argmax_exactly():
     """The sampler's Gumbel-max draw (`first_argmax` instead of jnp.argmax's slow reduction on CPU) picks what
     jax.random.categorical picks for the same key, and first_argmax breaks ties at the first index."""
-    from models.sampler import _categorical, first_argmax
+    from models.token_draw import categorical, first_argmax
 
     key = jax.random.key(3)
     logits = jax.random.normal(key, (64, 4099)) * 3
     logits = logits.at[:, ::7].set(-jnp.inf)  # masked tokens, as top-p leaves them
     for i in range(20):
         k = jax.random.fold_in(key, i)
-        np.testing.assert_array_equal(_categorical(k, logits), jax.random.categorical(k, logits, axis=-1))
+        np.testing.assert_array_equal(categorical(k, logits), jax.random.categorical(k, logits, axis=-1))
     ties = jnp.array([[1.0, 3.0, 3.0, -jnp.inf], [-jnp.inf, 0.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0]])
     np.testing.assert_array_equal(first_argmax(ties), jnp.argmax(ties, axis=-1))
     np.testing.assert_array_equal(first_argmax(logits), jnp.argmax(logits, axis=-1))
@@ -251,7 +251,7 @@ def test_shared_prompts_are_prefilled_once_and_sample_what_separate_rows_sample(
     sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
     sampler = Sampler(tiny, length_bucket=8)
     shared, state = sampler.generate(prompts, sampling, jax.random.key(6), cache_capacity=64)
-    weights = sampler._weights()
+    weights = sampler.weights()
     cache = models.KVCache.init(tiny.config, len(prompts), 64)
     zeros = np.zeros(len(prompts), np.int32)
     unshared_state = sampler._prefill(weights, cache, prompts, 16, zeros, [True] * len(prompts), zeros, sampling,
@@ -357,7 +357,7 @@ def test_float32_master_weights_sample_what_their_bfloat16_compute_model_samples
                  rngs=nnx.Rngs(0))
     nnx.update(held, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(master)))
     assert master.embed_vd[...].dtype == jnp.float32 and held.embed_vd[...].dtype == jnp.bfloat16
-    _, params, layers = Sampler(master)._weights()  # what a decode step reads
+    _, params, layers = Sampler(master).weights()  # what a decode step reads
     assert params["embed_vd"].get_value().dtype == layers[0]["q_dnh"].dtype == jnp.bfloat16
     prompts = [random_ids(1, 9, 128).tolist(), random_ids(2, 5, 128).tolist()]
     sampling = SamplingParams(max_new_tokens=12, temperature=0.8)

@@ -318,17 +318,8 @@ def _blocked_self_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Ar
     return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
-def _dense_output_major(x_btd: jax.Array, w_fd: jax.Array) -> jax.Array:
-    """x [..., D] times a weight stored [Out, D]: [..., Out]."""
-    out = jax.lax.dot_general(x_btd.reshape(-1, x_btd.shape[-1]), w_fd.astype(x_btd.dtype), (((1,), (1,)), ((), ())))
-    return out.reshape(*x_btd.shape[:-1], w_fd.shape[0])
-
-
 def _mlp(x_btd: jax.Array, p: dict[str, Any]) -> jax.Array:
-    if "gate_fd" in p:  # DecoderStack.per_layer's output-major copies
-        gate, up = _dense_output_major(x_btd, p["gate_fd"]), _dense_output_major(x_btd, p["up_fd"])
-    else:
-        gate, up = project(x_btd, p, "gate_df"), project(x_btd, p, "up_df")
+    gate, up = project(x_btd, p, "gate_df"), project(x_btd, p, "up_df")
     act = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
     return project(act, p, "down_fd")
 
@@ -402,8 +393,9 @@ class DecoderStack(nnx.Module):
     def per_layer(self) -> tuple[dict[str, jax.Array], ...]:
         """Each layer's weights as separate arrays (a copy of the stacks), for `with_cache`, with LoRA adapters
         merged in (W + alpha / r * A B), in the compute dtype (`config.dtype`: with float32 master weights and
-        bfloat16 compute, the sampler's copies are bfloat16). The MLP's gate and up come output-major ([F, D]):
-        XLA:CPU's matmul of a few decode rows reads them ~12% faster that way."""
+        bfloat16 compute, the sampler's copies are bfloat16). Every weight keeps its stack's layout: output-major
+        copies of the MLP's gate and up ([F, D]), once faster on XLA:CPU, made a SmolLM2 decode step 5-10% slower
+        with jaxlib 0.10.2 (4 to 32 rows, 128- to 1024-column windows; 2026-12-07)."""
         adapters = {} if getattr(self, "lora", None) is None else self.lora.stacked()
         scale = self.lora.config.scale if adapters else 1.0
         compute = jnp.dtype(self.config.dtype)
@@ -412,7 +404,6 @@ class DecoderStack(nnx.Module):
             p = {name: getattr(self, name)[i] for name in LAYER_PARAMS}
             for name, (a, b) in adapters.items():
                 p[name] = p[name] + merged_delta(a[i], b[i], scale)
-            p["gate_fd"], p["up_fd"] = p.pop("gate_df").T, p.pop("up_df").T
             layers.append({name: w.astype(compute) for name, w in p.items()})
         return tuple(layers)
 

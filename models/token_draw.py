@@ -21,7 +21,8 @@ CANDIDATES = 256  # top-p is searched among this many most likely tokens first
 
 @dataclasses.dataclass(frozen=True)
 class DrawStatic:
-    """The compile-time choices of one generation call."""
+    """The compile-time choices of one generation call: how its tokens are drawn (greedy, top-k, top-p on or
+    off) and when a row ends (a stop id, or max_new tokens)."""
 
     greedy: bool
     top_k: int

@@ -8,8 +8,9 @@ thread that called it (its helper thread's share is not added). Group rows by wh
 body's: the body's ops have rows of their own.
 A plain "dot" row (a matmul XLA:CPU hands to Eigen rather than YNNPACK: in the update, the weight gradients
 x^T dy) shows only its dispatch: the update's [576, 1536] weight gradients, 3.6 GFLOP each, read 0.18 ms a call
-(2026-12-07). Their compute runs beside the next ops and lengthens their rows, so read an update's backward
-matmuls as a whole, not row by row.
+(2026-12-07). Their compute most likely runs beside the next ops and lengthens their rows (the backward's
+YNNPACK matmuls read ~105 GFLOP/s there, against 170-180 for the same matmul alone), so read an update's
+backward matmuls as a whole, not row by row.
 
 Cases (SmolLM2-135M, fp32; the README's "where the time goes" figures):
   decode  one slots-engine decode call: --rows live rows x --steps steps at a --window-column attention window

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-CANDIDATES = 256  # top-p is searched among this many most likely tokens first
+_CANDIDATES = 256  # top-p is searched among this many most likely tokens first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +68,11 @@ def _nucleus_mask_full(scaled_bv: jax.Array, top_p: jax.Array) -> jax.Array:
 def _sample_filtered(scaled_bv: jax.Array, key: jax.Array, top_p: jax.Array, static: DrawStatic) -> jax.Array:
     """Sample from softmax(scaled) restricted to top-k, then to the top-p nucleus of what remains.
 
-    The nucleus is searched among the top `CANDIDATES` tokens (one `lax.top_k`, no sort of the vocabulary);
+    The nucleus is searched among the top `_CANDIDATES` tokens (one `lax.top_k`, no sort of the vocabulary);
     when those do not hold top_p of the mass for some row, an exact full-vocabulary search is used instead.
     """
     vocab = scaled_bv.shape[-1]
-    width = min(static.top_k or CANDIDATES, vocab)
+    width = min(static.top_k or _CANDIDATES, vocab)
     values_bc, index_bc = jax.lax.top_k(scaled_bv, width)
     keep_bc = jnp.ones(values_bc.shape, bool)
     if static.use_top_p:

@@ -108,7 +108,7 @@ def _decode_case(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], int]:
     import numpy as np
 
     from configs.rlef_smollm2 import get_config
-    from models.llama import KVCache
+    from models.kv_cache import KVCache
     from models.sampler import Sampler, SamplingParams
     from models.slots import SlotState, decode
     from rljax.run_config import build_policy
@@ -121,7 +121,7 @@ def _decode_case(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...], int]:
     rng = np.random.default_rng(0)
     cache = KVCache.init(model.config, args.rows, args.capacity, sampler.cache_dtype)
     cache = cache.replace(
-        k_bkhs=tuple(jnp.asarray(rng.normal(size=k.shape) * 0.5, k.dtype) for k in cache.k_bkhs),
+        k_bkchw=tuple(jnp.asarray(rng.normal(size=k.shape) * 0.5, k.dtype) for k in cache.k_bkchw),
         v_bksh=tuple(jnp.asarray(rng.normal(size=v.shape) * 0.5, v.dtype) for v in cache.v_bksh),
         valid_bs=cache.valid_bs.at[:, :args.fill].set(True))
     state = SlotState.init(cache, sampling.max_new_tokens).replace(

@@ -3,7 +3,8 @@ from models.checkpoint import (CheckpointError, convert_checkpoint_to_hf, conver
                                convert_hf_to_checkpoint, from_hf, load_checkpoint, load_tokenizer)
 from models.config import ConfigError, LlamaConfig, RopeScaling
 from models.convert import WeightsError, param_count
-from models.llama import KVCache, Llama, LlamaValueModel
+from models.kv_cache import KVCache
+from models.llama import Llama, LlamaValueModel
 from models.sharding import make_mesh, shard_model, use_mesh
 from models.tokenizer import Tokenizer
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from models.config import LlamaConfig
+from models.kv_cache import (KVCache, keys_bkhs, matmul_scores, one_query_scores, set_key_columns,
+                             write_first_keys, write_keys_at)
 from models.logprobs import token_logprobs_and_entropy
 from models.lora import lora_matmul, merged_delta
 from models.sharding import constrain, mesh_active
@@ -71,35 +72,6 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return scale.astype(x.dtype) * normed.astype(x.dtype)
-
-
-@flax.struct.dataclass
-class KVCache:
-    """Static-shape KV cache: one key and one value buffer per layer. Slots [0, index) are written; `valid`
-    marks non-padding slots.
-
-    Per-layer buffers (not one stacked [L, ...] array) let a decode step write each layer's new key in place
-    and read it without slicing a copy out of a stack; keys are kept [B, K, H, S], the layout of the q.k matmul,
-    values [B, K, S, H], that of the probs.v matmul, so neither is transposed per step.
-    """
-
-    k_bkhs: tuple[jax.Array, ...]
-    v_bksh: tuple[jax.Array, ...]
-    valid_bs: jax.Array  # bool
-    index: jax.Array  # int32 scalar: the next slot to write
-
-    @classmethod
-    def init(cls, config: LlamaConfig, batch: int, length: int, dtype: Any = None) -> "KVCache":
-        dtype = dtype or config.dtype
-        kv, h = config.num_kv_heads, config.head_dim
-        layers = range(config.num_layers)
-        return cls(tuple(jnp.zeros((batch, kv, h, length), dtype) for _ in layers),
-                   tuple(jnp.zeros((batch, kv, length, h), dtype) for _ in layers),
-                   jnp.zeros((batch, length), bool), jnp.zeros((), jnp.int32))
-
-    @property
-    def length(self) -> int:
-        return self.valid_bs.shape[1]
 
 
 def dense(x: jax.Array, w: jax.Array, contract: int = 1, out_dtype: Any = None,
@@ -170,69 +142,65 @@ def _prefixed_attention(cfg: LlamaConfig, xp_upd: jax.Array, xs_btd: jax.Array, 
 
 
 def _cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array, allowed_bts: jax.Array,
-                      inv_freq: np.ndarray, k_bkhs: jax.Array, v_bksh: jax.Array, index: jax.Array
+                      inv_freq: np.ndarray, k_bkchw: jax.Array, v_bksh: jax.Array, index: jax.Array
                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer's attention for T new tokens against its cache: their keys/values are written at slots
     [index, index + T) first, then the queries score the whole cache (`allowed_bts`: valid slots up to each
     query's own). Returns the output and the updated key and value buffers."""
     q_btnh, k_btkh, v_btkh = _qkv(x_btd, p, positions_bt, inv_freq)
-    k_bkhs = jax.lax.dynamic_update_slice(k_bkhs, k_btkh.transpose(0, 2, 3, 1).astype(k_bkhs.dtype), (0, 0, 0, index))
+    k_bkchw = write_keys_at(k_bkchw, k_btkh.astype(k_bkchw.dtype), index)
     v_bksh = jax.lax.dynamic_update_slice(v_bksh, v_btkh.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, index, 0))
-    return dense(_attend_cache(q_btnh, k_bkhs, v_bksh, allowed_bts), p["o_nhd"], contract=2), k_bkhs, v_bksh
+    return dense(_attend_cache(q_btnh, k_bkchw, v_bksh, allowed_bts), p["o_nhd"], contract=2), k_bkchw, v_bksh
 
 
 CACHED_QUERY_BLOCK = 64  # XLA:CPU: queries per block when many new tokens attend to a cache
 
 
-def _attend_cache(q_btnh: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array, allowed_bts: jax.Array) -> jax.Array:
-    """T queries per row against a cache buffer ([B, K, H, S] keys, [B, K, S, H] values); `allowed_bts` marks
-    the slots each query may see. Returns [B, T, N, H].
+def _attend_cache(q_btnh: jax.Array, k_bkchw: jax.Array, v_bksh: jax.Array, allowed_bts: jax.Array) -> jax.Array:
+    """T queries per row against a cache buffer (keys [B, K, C, H, W] in tiles, `models.kv_cache`; values
+    [B, K, S, H]); `allowed_bts` marks the slots each query may see. Returns [B, T, N, H].
 
-    Many queries (a prefill continuing a cache: a feedback turn) on CPU go in blocks of CACHED_QUERY_BLOCK, each
-    block's scores and softmax small enough to stay in cache: 1.4x on the attention of 4 rows x 512 new tokens
-    against 1024 or 2048 columns (SmolLM2 heads, XLA:CPU, interleaved A/B), the same values. Other platforms
-    keep one block, which reads the keys and values once.
+    Many queries (a prefill continuing a cache: a feedback turn) read the keys as [B, K, H, S] (`keys_bkhs`: put
+    back once per layer when tiled) and on CPU go in blocks of CACHED_QUERY_BLOCK, each block's scores and
+    softmax small enough to stay in cache: 1.4x on the attention of 4 rows x 512 new tokens against 1024 or 2048
+    columns (SmolLM2 heads, XLA:CPU, interleaved A/B), the same values. Other platforms keep one block, which
+    reads the keys and values once.
     """
     t = q_btnh.shape[1]
+    if t == 1:
+        return _attend_cache_block(q_btnh, k_bkchw, v_bksh, allowed_bts)
+    k_bk1hs = keys_bkhs(k_bkchw)[:, :, None]
     if t <= CACHED_QUERY_BLOCK:
-        return _attend_cache_block(q_btnh, k_bkhs, v_bksh, allowed_bts)
+        return _attend_cache_block(q_btnh, k_bk1hs, v_bksh, allowed_bts)
 
-    def blocked(q_btnh: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array, allowed_bts: jax.Array) -> jax.Array:
+    def blocked(q_btnh: jax.Array, k_bk1hs: jax.Array, v_bksh: jax.Array, allowed_bts: jax.Array) -> jax.Array:
         step = CACHED_QUERY_BLOCK
-        blocks = [_attend_cache_block(q_btnh[:, i:i + step], k_bkhs, v_bksh, allowed_bts[:, i:i + step])
+        blocks = [_attend_cache_block(q_btnh[:, i:i + step], k_bk1hs, v_bksh, allowed_bts[:, i:i + step])
                   for i in range(0, t, step)]
         return jnp.concatenate(blocks, axis=1)
 
-    return jax.lax.platform_dependent(q_btnh, k_bkhs, v_bksh, allowed_bts, cpu=blocked, default=_attend_cache_block)
+    return jax.lax.platform_dependent(q_btnh, k_bk1hs, v_bksh, allowed_bts, cpu=blocked, default=_attend_cache_block)
 
 
-def _attend_cache_block(q_btnh: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array, allowed_bts: jax.Array
+def _attend_cache_block(q_btnh: jax.Array, k_bkchw: jax.Array, v_bksh: jax.Array, allowed_bts: jax.Array
                         ) -> jax.Array:
     """`_attend_cache` in one block of queries.
 
-    With one query per row (decode) on CPU the scores are an elementwise multiply summed over H rather than a
-    batched matmul of [G, H] x [H, S] per (row, kv head): XLA:CPU runs the first as one fused pass over the keys,
-    the second as many tiny matmuls (30 SmolLM2 layers, 32 rows, 512 columns: 36 ms against 52; reading the keys
-    and values alone takes 24). Other platforms keep the matmul (`lax.platform_dependent` picks at lowering): the
-    TPU compiler's byte count of a decode step goes both ways (rlef_llama3_1_8b on v5p-64: 31.51 GB per chip
-    with the matmul, 35.75 with the multiply-sum; rlef_llama3_1_70b on v5p-256: 64.76 against 56.74), and
-    without a TPU to time them the MXU's form stays."""
+    With one query per row (decode) on CPU the scores are an elementwise multiply summed over H within each key
+    tile (`models.kv_cache.one_query_scores`; its module doc has the measurements) rather than a batched matmul of
+    [G, H] x [H, S] per (row, kv head), which XLA:CPU runs as many tiny matmuls. Other platforms keep the matmul
+    (`lax.platform_dependent` picks at lowering): the TPU compiler's byte count of a decode step goes both ways
+    (rlef_llama3_1_8b on v5p-64: 31.51 GB per chip with the matmul, 35.75 with the multiply-sum;
+    rlef_llama3_1_70b on v5p-256: 64.76 against 56.74), and without a TPU to time them the MXU's form stays."""
     dt = q_btnh.dtype
     b, t, n, h = q_btnh.shape
-    kv = k_bkhs.shape[1]
+    kv = k_bkchw.shape[1]
     g = n // kv
     q_bkqh = q_btnh.reshape(b, t, kv, g, h).transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
-
-    def matmul(q_bkqh: jax.Array, k_bkhs: jax.Array) -> jax.Array:
-        return jnp.einsum("bkqh,bkhs->bkqs", q_bkqh, k_bkhs.astype(dt), preferred_element_type=jnp.float32)
-
-    def multiply_sum(q_bkqh: jax.Array, k_bkhs: jax.Array) -> jax.Array:
-        return jnp.sum(q_bkqh.astype(jnp.float32)[..., None] * k_bkhs.astype(jnp.float32)[:, :, None], axis=3)
-
     if t == 1:
-        scores = jax.lax.platform_dependent(q_bkqh, k_bkhs, cpu=multiply_sum, default=matmul)
+        scores = jax.lax.platform_dependent(q_bkqh, k_bkchw, cpu=one_query_scores, default=matmul_scores)
     else:
-        scores = matmul(q_bkqh, k_bkhs)
+        scores = matmul_scores(q_bkqh, k_bkchw)
     scores = jnp.where(allowed_bts[:, None, None], scores.reshape(b, kv, g, t, -1) * h ** -0.5, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt).reshape(b, kv, g * t, -1)
     out_bkqh = jnp.einsum("bkqs,bksh->bkqh", probs, v_bksh.astype(dt))
@@ -241,27 +209,27 @@ def _attend_cache_block(q_btnh: jax.Array, k_bkhs: jax.Array, v_bksh: jax.Array,
 
 
 def _row_cached_attention(x_btd: jax.Array, p: dict[str, jax.Array], positions_bt: jax.Array,
-                          columns_bt: jax.Array, allowed_bts: jax.Array, inv_freq: np.ndarray, k_bkhs: jax.Array,
+                          columns_bt: jax.Array, allowed_bts: jax.Array, inv_freq: np.ndarray, k_bkchw: jax.Array,
                           v_bksh: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """As `_cached_attention`, but token t of row b is written at its own slot columns_bt[b, t] (each row
     fills its cache at its own pace; a column past the buffer drops the write: padding, idle rows)."""
     q_btnh, k_btkh, v_btkh = _qkv(x_btd, p, positions_bt, inv_freq)
-    k_btkh, v_btkh = k_btkh.astype(k_bkhs.dtype), v_btkh.astype(v_bksh.dtype)
+    k_btkh, v_btkh = k_btkh.astype(k_bkchw.dtype), v_btkh.astype(v_bksh.dtype)
     if mesh_active():  # a scatter per row, batched over the rows: each row's writes stay on its own chips, where
         # an index into the sharded row axis makes the partitioner all-gather the new keys and values
-        k_bkhs = jax.vmap(lambda k_khs, c_t, k_tkh: k_khs.at[:, :, c_t].set(k_tkh.transpose(1, 2, 0), mode="drop")
-                          )(k_bkhs, columns_bt, k_btkh)
+        k_bkchw = jax.vmap(lambda k_kchw, c_t, k_tkh: set_key_columns(k_kchw[None], 0, c_t, k_tkh)[0]
+                           )(k_bkchw, columns_bt, k_btkh)
         v_bksh = jax.vmap(lambda v_ksh, c_t, v_tkh: v_ksh.at[:, c_t, :].set(v_tkh.transpose(1, 0, 2), mode="drop")
                           )(v_bksh, columns_bt, v_btkh)
     else:  # the same values; 3% faster on XLA:CPU (a SmolLM2 decode step of 32 rows at a 256-column window)
         rows = jnp.arange(x_btd.shape[0])[:, None]
-        k_bkhs = k_bkhs.at[rows, :, :, columns_bt].set(k_btkh, mode="drop")
+        k_bkchw = set_key_columns(k_bkchw, rows, columns_bt, k_btkh)
         v_bksh = v_bksh.at[rows, :, columns_bt, :].set(v_btkh, mode="drop")
-    return dense(_attend_cache(q_btnh, k_bkhs, v_bksh, allowed_bts), p["o_nhd"], contract=2), k_bkhs, v_bksh
+    return dense(_attend_cache(q_btnh, k_bkchw, v_bksh, allowed_bts), p["o_nhd"], contract=2), k_bkchw, v_bksh
 
 
 def _fresh_cached_attention(cfg: LlamaConfig, x_utd: jax.Array, p: dict[str, jax.Array], positions_ut: jax.Array,
-                            allowed_utt: jax.Array, inv_freq: np.ndarray, k_bkhs: jax.Array, v_bksh: jax.Array,
+                            allowed_utt: jax.Array, inv_freq: np.ndarray, k_bkchw: jax.Array, v_bksh: jax.Array,
                             rows_b: jax.Array | None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One layer's attention for the first T tokens of an empty cache: the U input rows attend to themselves
     (blocked causal attention, as without a cache: no score against the empty slots), then cache row b gets the
@@ -272,9 +240,9 @@ def _fresh_cached_attention(cfg: LlamaConfig, x_utd: jax.Array, p: dict[str, jax
     out_utnh = constrain(out_utnh, ("batch", "length", "heads", "head_dim"))
     if rows_b is not None:
         k_utkh, v_utkh = jnp.take(k_utkh, rows_b, axis=0), jnp.take(v_utkh, rows_b, axis=0)
-    k_bkhs = jax.lax.dynamic_update_slice(k_bkhs, k_utkh.transpose(0, 2, 3, 1).astype(k_bkhs.dtype), (0, 0, 0, 0))
+    k_bkchw = write_first_keys(k_bkchw, k_utkh.astype(k_bkchw.dtype))
     v_bksh = jax.lax.dynamic_update_slice(v_bksh, v_utkh.transpose(0, 2, 1, 3).astype(v_bksh.dtype), (0, 0, 0, 0))
-    return dense(out_utnh, p["o_nhd"], contract=2), k_bkhs, v_bksh
+    return dense(out_utnh, p["o_nhd"], contract=2), k_bkchw, v_bksh
 
 
 MIN_QUERY_BLOCK = 32  # shorter blocks cost more in small matmuls and copies than the skipped keys save
@@ -437,11 +405,12 @@ class DecoderStack(nnx.Module):
             allowed = valid_bs[:, None, :] & visible_ts[None]
             index = cache.index
         if fresh:
-            def attention(x_btd, p, k_bkhs, v_bksh):
-                return _fresh_cached_attention(cfg, x_btd, p, positions_bt, allowed, inv_freq, k_bkhs, v_bksh, rows_b)
+            def attention(x_btd, p, k_bkchw, v_bksh):
+                return _fresh_cached_attention(cfg, x_btd, p, positions_bt, allowed, inv_freq, k_bkchw, v_bksh,
+                                               rows_b)
         else:
-            def attention(x_btd, p, k_bkhs, v_bksh):
-                return _cached_attention(x_btd, p, positions_bt, allowed, inv_freq, k_bkhs, v_bksh, index)
+            def attention(x_btd, p, k_bkchw, v_bksh):
+                return _cached_attention(x_btd, p, positions_bt, allowed, inv_freq, k_bkchw, v_bksh, index)
         h_btd, keys, values = self._over_cache(h_btd, cache, self.per_layer() if layers is None else layers,
                                                attention)
         return h_btd, KVCache(keys, values, valid_bs, index + t)
@@ -456,21 +425,21 @@ class DecoderStack(nnx.Module):
         rows = jnp.arange(h_btd.shape[0])[:, None]
         valid_bs = cache.valid_bs.at[rows, columns_bt].set(True, mode="drop")
         allowed_bts = valid_bs[:, None, :] & (jnp.arange(cache.length)[None, None, :] <= columns_bt[:, :, None])
-        h_btd, keys, values = self._over_cache(h_btd, cache, layers, lambda x_btd, p, k_bkhs, v_bksh: (
-            _row_cached_attention(x_btd, p, positions_bt, columns_bt, allowed_bts, inv_freq, k_bkhs, v_bksh)))
+        h_btd, keys, values = self._over_cache(h_btd, cache, layers, lambda x_btd, p, k_bkchw, v_bksh: (
+            _row_cached_attention(x_btd, p, positions_bt, columns_bt, allowed_bts, inv_freq, k_bkchw, v_bksh)))
         return h_btd, KVCache(keys, values, valid_bs, cache.index)
 
     def _over_cache(self, h_btd: jax.Array, cache: KVCache, layers: Sequence[dict[str, jax.Array]],
                     attention: Any) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-        """Every layer in a Python loop: `attention(x_btd, p, k_bkhs, v_bksh) -> (out, k_bkhs, v_bksh)` against
+        """Every layer in a Python loop: `attention(x_btd, p, k_bkchw, v_bksh) -> (out, k_bkchw, v_bksh)` against
         that layer's cache buffers, then the MLP. Returns the hidden states and each layer's new buffers."""
         eps = self.config.rms_norm_eps
         keys, values = [], []
-        for p, k_bkhs, v_bksh in zip(layers, cache.k_bkhs, cache.v_bksh):
-            attn, k_bkhs, v_bksh = attention(rms_norm(h_btd, p["attn_norm_d"], eps), p, k_bkhs, v_bksh)
+        for p, k_bkchw, v_bksh in zip(layers, cache.k_bkchw, cache.v_bksh):
+            attn, k_bkchw, v_bksh = attention(rms_norm(h_btd, p["attn_norm_d"], eps), p, k_bkchw, v_bksh)
             h_btd = h_btd + attn
             h_btd = constrain(h_btd + _mlp(rms_norm(h_btd, p["mlp_norm_d"], eps), p), ("batch", "length", "act_embed"))
-            keys.append(k_bkhs)
+            keys.append(k_bkchw)
             values.append(v_bksh)
         return h_btd, tuple(keys), tuple(values)
 

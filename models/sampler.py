@@ -47,15 +47,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from models.llama import KVCache, Llama
+from models.kv_cache import VALID_AXES, VALUE_AXES, KVCache, key_axes, slice_keys
+from models.llama import Llama
 from models.sharding import (DEFAULT_RULES, Rules, batch_sharding, constrain, host_array, logical_to_spec, use_mesh,
                              without_batch_axes)
 from models.token_draw import DrawStatic, append_tokens, pick
 
 FINISH_EOS, FINISH_STOP, FINISH_LENGTH = "eos", "stop", "length"
-_KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_length")  # KVCache.k_bkhs
-_VALUE_AXES = ("batch", "kv_heads", "cache_length", "head_dim")  # KVCache.v_bksh
-_VALID_AXES = ("batch", "cache_length")  # KVCache.valid_bs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,7 +256,7 @@ def window_of(cache: KVCache, window: int) -> KVCache:
     """The first `window` slots of every buffer: the cache a pass works on (one copy of the window per call)."""
     if window >= cache.length:
         return cache
-    return KVCache(tuple(k[..., :window] for k in cache.k_bkhs), tuple(v[:, :, :window] for v in cache.v_bksh),
+    return KVCache(tuple(slice_keys(k, window) for k in cache.k_bkchw), tuple(v[:, :, :window] for v in cache.v_bksh),
                    cache.valid_bs[:, :window], cache.index)
 
 
@@ -267,15 +265,15 @@ def put_window(full: KVCache, window: KVCache) -> KVCache:
     if window.length == full.length:
         return window
     put = jax.lax.dynamic_update_slice
-    return KVCache(tuple(put(f, w, (0, 0, 0, 0)) for f, w in zip(full.k_bkhs, window.k_bkhs)),
+    return KVCache(tuple(put(f, w, (0,) * 5) for f, w in zip(full.k_bkchw, window.k_bkchw)),
                    tuple(put(f, w, (0, 0, 0, 0)) for f, w in zip(full.v_bksh, window.v_bksh)),
                    put(full.valid_bs, window.valid_bs, (0, 0)), window.index)
 
 
 def constrain_cache(cache: KVCache) -> KVCache:
-    return cache.replace(k_bkhs=tuple(constrain(k, _KEY_AXES) for k in cache.k_bkhs),
-                         v_bksh=tuple(constrain(v, _VALUE_AXES) for v in cache.v_bksh),
-                         valid_bs=constrain(cache.valid_bs, _VALID_AXES))
+    return cache.replace(k_bkchw=tuple(constrain(k, key_axes(k)) for k in cache.k_bkchw),
+                         v_bksh=tuple(constrain(v, VALUE_AXES) for v in cache.v_bksh),
+                         valid_bs=constrain(cache.valid_bs, VALID_AXES))
 
 
 def cache_shardings(cache: KVCache, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> KVCache:
@@ -284,8 +282,8 @@ def cache_shardings(cache: KVCache, mesh: Mesh, rules: Rules = DEFAULT_RULES) ->
     def spec(x: Any, axes: tuple[str, ...]) -> NamedSharding:
         return NamedSharding(mesh, logical_to_spec(axes, x.shape, mesh, rules))
 
-    return KVCache(tuple(spec(k, _KEY_AXES) for k in cache.k_bkhs), tuple(spec(v, _VALUE_AXES) for v in cache.v_bksh),
-                   spec(cache.valid_bs, _VALID_AXES), NamedSharding(mesh, PartitionSpec()))
+    return KVCache(tuple(spec(k, key_axes(k)) for k in cache.k_bkchw), tuple(spec(v, VALUE_AXES) for v in cache.v_bksh),
+                   spec(cache.valid_bs, VALID_AXES), NamedSharding(mesh, PartitionSpec()))
 
 
 def maybe_mesh(mesh_rules: tuple[Mesh, Rules] | None) -> Any:

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.llama import KVCache
+from models.kv_cache import KVCache, get_key_columns, key_window_sizes, set_key_columns, window_tile
 from models.sampler import Layers, constrain_cache, maybe_mesh, put_window, window_of
 from models.sharding import batch_sharding, host_array
 from models.token_draw import DrawStatic, append_tokens, pick
@@ -96,7 +96,7 @@ def _take_rows(x: jax.Array, rows_a: jax.Array, sizes: dict[int, int] | None = N
 
 def _rows_of(cache: KVCache, rows_a: jax.Array, window: int) -> KVCache:
     """Rows `rows_a` of `cache` (an index past the batch: its last row), their first `window` columns."""
-    return KVCache(tuple(_take_rows(k, rows_a, {3: window}) for k in cache.k_bkhs),
+    return KVCache(tuple(_take_rows(k, rows_a, key_window_sizes(k, window)) for k in cache.k_bkchw),
                    tuple(_take_rows(v, rows_a, {2: window}) for v in cache.v_bksh),
                    _take_rows(cache.valid_bs, rows_a, {1: window}), cache.index)
 
@@ -110,8 +110,8 @@ def _copy_columns(full: KVCache, part: KVCache, source_a: jax.Array, row_a: jax.
     source_aw = jnp.minimum(first_a[:, None] + offsets, part.length - 1)
     column_aw = jnp.where(offsets < count_a[:, None], first_a[:, None] + offsets, full.length)  # past: dropped
     src, dst = source_a[:, None], row_a[:, None]
-    keys = tuple(f.at[dst, :, :, column_aw].set(p[src, :, :, source_aw], mode="drop")
-                 for f, p in zip(full.k_bkhs, part.k_bkhs))
+    keys = tuple(set_key_columns(f, dst, column_aw, get_key_columns(p, src, source_aw))
+                 for f, p in zip(full.k_bkchw, part.k_bkchw))
     values = tuple(f.at[dst, :, column_aw, :].set(p[src, :, source_aw, :], mode="drop")
                    for f, p in zip(full.v_bksh, part.v_bksh))
     return KVCache(keys, values, full.valid_bs.at[dst, column_aw].set(True, mode="drop"), full.index)
@@ -197,7 +197,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, layers: Layers, state: Slot
         cache = state.cache.replace(index=None)  # blocks of rows only (`_by_shard`)
         if fresh:
             history = constrain_cache(KVCache.init(model.config, tokens_ut.shape[0], window,
-                                                   state.cache.k_bkhs[0].dtype))
+                                                   state.cache.k_bkchw[0].dtype, window_tile(state.cache, window)))
         else:
             history = _by_shard(shards, lambda shard, cache, row_u: _rows_of(
                 cache, row_u - shard * slots_per_block, window), cache, row_u)

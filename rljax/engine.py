@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from executor.pool import ExecutorPool
-from models.llama import KVCache
+from models.kv_cache import KVCache
 from models.sampler import FINISH_EOS, FINISH_LENGTH, Completion, Sampler, SamplingParams, attention_window
 from models.sharding import host_array
 from models.slots import SlotState, admit, decode, decodes_every_slot, host_rows, slot_order, slot_shards

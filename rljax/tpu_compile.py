@@ -32,7 +32,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 from ml_collections import ConfigDict
 
-from models.llama import KVCache, Llama, LlamaValueModel
+from models.kv_cache import KVCache
+from models.llama import Llama, LlamaValueModel
 from models.lora import add_lora
 from models.sharding import DEFAULT_RULES, batch_sharding, is_variable, make_mesh, state_shardings, use_mesh
 
@@ -274,7 +275,8 @@ def _chunk_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int,
     from models.sampler import _decode, _prefill, attention_window, cache_shardings
 
     chunk = math.ceil(dialogs / r.num_chunks)
-    cache = jax.eval_shape(lambda: KVCache.init(arch, chunk, r.cache_capacity))
+    # the TPU's key layout: one tile of every column
+    cache = jax.eval_shape(lambda: KVCache.init(arch, chunk, r.cache_capacity, key_tile=r.cache_capacity))
     cache = _sharded(cache, cache_shardings(cache, mesh))
     prefill_args = (*weights, cache, rows((chunk, width), jnp.int32), rows((chunk, width), jnp.bool_),
                     rows((chunk,), jnp.int32), rows((chunk,), jnp.bool_), rows((chunk,), jnp.int32), *sampling)
@@ -299,7 +301,7 @@ def _engine_phases(arch: Any, mesh: Any, r: ConfigDict, dialogs: int, width: int
     from rljax.engine import RoundEntry, admission_layout, segment_width
 
     slots = r.slots or dialogs
-    cache = jax.eval_shape(lambda: KVCache.init(arch, slots, r.cache_capacity))
+    cache = jax.eval_shape(lambda: KVCache.init(arch, slots, r.cache_capacity, key_tile=r.cache_capacity))  # one tile
     state = jax.eval_shape(lambda c: SlotState.init(c, r.max_new_tokens), cache)
     rows_of = jax.tree.map(lambda x: batch_sharding(mesh, len(x.shape), batch_size=x.shape[0]),
                            state.replace(cache=None))  # every other field is [slots, ...]

@@ -142,8 +142,8 @@ def main() -> None:
     sharded, sharded_more, state = run(Sampler(sharded_model, mesh=mesh), prompts)
     training_layout = Sampler(sharded_model, mesh=mesh, replicate_weights=False)
     gathered, gathered_more, _ = run(training_layout, prompts)
-    print(json.dumps({"devices": jax.device_count(), "cache_devices": len(state.cache.k_bkhs[0].sharding.device_set),
-                      "cache_spec": str(state.cache.k_bkhs[0].sharding.spec), "single": single, "sharded": sharded,
+    print(json.dumps({"devices": jax.device_count(), "cache_devices": len(state.cache.k_bkchw[0].sharding.device_set),
+                      "cache_spec": str(state.cache.k_bkchw[0].sharding.spec), "single": single, "sharded": sharded,
                       "single_continued": single_more, "sharded_continued": sharded_more,
                       "gathered": gathered, "gathered_continued": gathered_more,
                       "decode_weight_gathers": decode_weight_gathers(Sampler(sharded_model, mesh=mesh), state),

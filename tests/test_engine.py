@@ -177,6 +177,23 @@ def test_logprobs_equal_a_teacher_forced_pass_over_the_whole_dialog(digit_model)
                                    atol=1e-4)
 
 
+def test_slots_with_keys_in_tiles_sample_what_one_tile_samples(digit_model, monkeypatch):
+    """The engine's admissions and decode calls with the keys in tiles of 16 (`models.kv_cache`) and in one tile:
+    the same tokens, logprobs within 1e-5."""
+    import models.kv_cache as kv_cache
+
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, stop_ids=(toy.EOT,))
+    runs = []
+    for tile in (16, 1 << 30):
+        monkeypatch.setattr(kv_cache, "KEY_TILE_CPU", tile)
+        runs.append(_run(SlotRolloutRunner, digit_model, ScriptedEnv([3, 1, 2, 3], [(0.0,)] * 4), 4, sampling,
+                         num_slots=2, check_every=4)[0])
+    tiled, whole = runs
+    assert [t.tokens for t in tiled] == [t.tokens for t in whole]
+    for x, y in zip(tiled, whole):
+        np.testing.assert_allclose(x.sampler_logprobs, y.sampler_logprobs, atol=1e-5)
+
+
 def test_greedy_slots_equal_the_chunked_rollout(digit_model, monkeypatch):
     """Also at a cache of 128 columns, where every window is the whole cache and a call with both slots live
     decodes every slot in place instead of naming them (rljax.engine). Which later calls have both slots live
@@ -276,7 +293,7 @@ def test_slot_decode_computes_only_the_named_rows_and_writes_each_layer_cache_in
     hlo = decode.lower(*sampler.weights(), state, jnp.array([1, 3], jnp.int32), jax.random.key(0),
                        jnp.float32(1.0), jnp.float32(1.0), static=sampler.draw_static(sampling), mesh_rules=None,
                        window=512, steps=4).compile().as_text()
-    full, rows = int(np.prod(state.cache.k_bkhs[0].shape)), int(np.prod(state.cache.k_bkhs[0].shape)) // 4
+    full, rows = int(np.prod(state.cache.k_bkchw[0].shape)), int(np.prod(state.cache.k_bkchw[0].shape)) // 4
     sizes = collections.Counter(_moves(hlo, "copy|slice|dynamic-slice|scatter|gather"))
     layers = model.config.num_layers
     assert [(size, op) for size, op in sizes if size >= rows and op not in ("scatter", "gather")] == []
@@ -302,7 +319,7 @@ def test_at_a_window_of_the_whole_cache_decoding_every_slot_equals_naming_them_a
     def state() -> SlotState:  # rows holding random keys and values up to their fill (the same on every call)
         rng = np.random.default_rng(0)
         cache = KVCache.init(model.config, slots, capacity)
-        cache = cache.replace(k_bkhs=tuple(jnp.asarray(rng.normal(size=k.shape), k.dtype) for k in cache.k_bkhs),
+        cache = cache.replace(k_bkchw=tuple(jnp.asarray(rng.normal(size=k.shape), k.dtype) for k in cache.k_bkchw),
                               v_bksh=tuple(jnp.asarray(rng.normal(size=v.shape), v.dtype) for v in cache.v_bksh),
                               valid_bs=jnp.asarray(np.arange(capacity)[None] < fill[:, None]))
         return SlotState.init(cache, 8).replace(
@@ -320,13 +337,13 @@ def test_at_a_window_of_the_whole_cache_decoding_every_slot_equals_naming_them_a
     for field in ("fill_b", "position_b", "live_b", "count_b", "last_b"):
         np.testing.assert_array_equal(getattr(named, field), getattr(every, field))
     assert every.fill_b.tolist()[2] == 7 and int(every.count_b[0]) == 6  # the idle slot stayed, the live ran
-    for a, b in zip(named.cache.k_bkhs + named.cache.v_bksh, every.cache.k_bkhs + every.cache.v_bksh):
+    for a, b in zip(named.cache.k_bkchw + named.cache.v_bksh, every.cache.k_bkchw + every.cache.v_bksh):
         np.testing.assert_allclose(a, b, atol=1e-6)
     np.testing.assert_array_equal(named.cache.valid_bs, every.cache.valid_bs)
     hlo = decode.lower(*sampler.weights(), state(), None, jax.random.key(1), jnp.float32(1.0), jnp.float32(1.0),
                        static=sampler.draw_static(sampling), mesh_rules=None, window=capacity, steps=6
                        ).compile().as_text()
-    buffer = int(np.prod(named.cache.k_bkhs[0].shape))
+    buffer = int(np.prod(named.cache.k_bkchw[0].shape))
     assert [op for size, op in _moves(hlo, "copy|slice|dynamic-slice|gather") if size >= buffer] == []
 
 

@@ -16,7 +16,8 @@ import pytest
 from flax import nnx
 
 from models.config import LlamaConfig
-from models.llama import KVCache, Llama
+from models.kv_cache import KVCache
+from models.llama import Llama
 from models.lora import LoraConfig, LoraParam, add_lora, lora_matmul, merge_lora
 from rljax.learner import Learner, LossConfig, OptimConfig
 from tests.test_trainer import synthetic_batch

@@ -7,7 +7,7 @@ import pytest
 
 from configs import grpo_tiny, rlef_llama3_1_70b, rlef_llama3_1_8b, rlef_smollm2, rlef_tiny, swerl_llama3_3_70b
 from models.config import PRESETS
-from models.llama import KVCache
+from models.kv_cache import KVCache
 from rljax.cli import main
 from rljax.plan import GIB, parse_topology, plan_memory, planned_update, xla_update_memory
 from rljax.run_config import model_architecture

@@ -188,7 +188,7 @@ def test_decode_step_copies_no_weight_stack_and_no_cache_buffer(tiny):
     bodies = [re.search(rf"\n%?{re.escape(name)} .*?\n}}", hlo, re.S).group(0)
               for name in re.findall(r"while\(.*?body=%?([\w.\-]+)", hlo)]
     body = max(bodies, key=lambda text: text.count("dynamic-update-slice"))  # the decode loop's (not the RNG's)
-    buffer = int(np.prod(state.cache.k_bkhs[0].shape))
+    buffer = int(np.prod(state.cache.k_bkchw[0].shape))
     smallest_weight = min(int(np.prod(w.shape)) for w in layers[0].values() if w.ndim >= 2)
     assert moved(body, min(smallest_weight, buffer * 128 // 1024)) == []
     assert moved(hlo, buffer) == []
@@ -370,9 +370,9 @@ def test_float32_master_weights_sample_what_their_bfloat16_compute_model_samples
 def test_many_new_tokens_attend_to_the_cache_in_query_blocks_with_the_values_of_one_block():
     from models.llama import CACHED_QUERY_BLOCK, _attend_cache, _attend_cache_block
     rng = np.random.RandomState(0)
-    b, t, n, kv, h, s = 2, 2 * CACHED_QUERY_BLOCK + 5, 6, 2, 16, 300
+    b, t, n, kv, h, s, w = 2, 2 * CACHED_QUERY_BLOCK + 5, 6, 2, 16, 320, 32
     q = jnp.asarray(rng.randn(b, t, n, h), jnp.float32)
-    k, v = jnp.asarray(rng.randn(b, kv, h, s), jnp.float32), jnp.asarray(rng.randn(b, kv, s, h), jnp.float32)
+    k, v = jnp.asarray(rng.randn(b, kv, s // w, h, w), jnp.float32), jnp.asarray(rng.randn(b, kv, s, h), jnp.float32)
     fill = np.array([40, 90])  # each row's history; new token i sees its row's history and itself and before
     allowed = jnp.asarray(np.arange(s)[None, None, :] <= fill[:, None, None] + np.arange(t)[None, :, None])
     compiled = jax.jit(_attend_cache).lower(q, k, v, allowed).compile()

@@ -9,10 +9,11 @@ cache capacity (1024) per dialog. In one run, on the same dialogs and seed:
 - chunks: rljax.rollout in the config's 2 lockstep chunks;
 - hf: the same dialog loop (rljax.rollout with one chunk) driven by transformers `generate`: each turn, the live
   dialogs re-encoded and generated as one left-padded batch, KV cache on, same temperature and stop ids.
-Printed per engine: seconds, dialogs per minute, sampled tokens/s, the share of decode slot-steps that produced
-a kept token (slots only), seconds the device waited on the executor, and the share of the memory-bandwidth
-bound (bytes of all weights + the attended K/V per decode step, times steps per second, over the read
-bandwidth measured here; the time includes the prefills, so this is a lower bound). Each engine runs the 32
+Printed per engine: seconds, dialogs per minute, sampled tokens/s, seconds the device waited on the executor;
+for slots also the share of decode slot-steps that produced a kept token, the share of the admissions' computed
+token slots that were not padding, the seconds spent in admissions, and the decode steps' share of the
+memory-bandwidth bound (bytes of all weights + the attended K/V per decode step, times decode steps per second
+of the time outside admissions, over the read bandwidth measured here). Each engine runs the 32
 dialogs twice with two seeds: the first run's time (it compiles what it meets) is printed, the second (steady
 state, as in every later step of a training run) is the table's. Last line JSON:
 {"metric": "rollout_dialogs_per_min", "ours", "static", "hf", "ratio_vs_static", "ratio_vs_hf"}.
@@ -98,7 +99,7 @@ def run_engine(name, runner, env, problems, dialogs, key):
             "tokens_per_s": sampled / seconds, "sampled": sampled, "turns": turns,
             "slot_use": (sampled - turns) / stats.decode_slot_steps if stats.decode_slot_steps else None,
             "admit_use": stats.admit_tokens / stats.admit_token_slots if stats.admit_token_slots else None,
-            "executor_wait_s": stats.score_wait_s, "generate_s": stats.generate_s,
+            "executor_wait_s": stats.score_wait_s, "generate_s": stats.generate_s, "admit_s": stats.admit_s,
             "decode_steps": stats.decode_steps, "decode_slot_steps": stats.decode_slot_steps,
             "decode_kv_slots_read": stats.decode_kv_slots_read,
             "solved": sum(t.solved for t in trajectories), "context_full": stats.context_full}
@@ -168,16 +169,17 @@ def main() -> None:
               flush=True)
         if res["decode_steps"]:
             read = res["decode_steps"] * weight_bytes + res["decode_kv_slots_read"] * kv_per_slot
-            res["bandwidth_share"] = read / res["generate_s"] / (bandwidth * 1e9)
+            res["bandwidth_share"] = read / (res["generate_s"] - res["admit_s"]) / (bandwidth * 1e9)
     pool.close()
-    header = ("engine", "s", "dialogs/min", "tok/s", "answers", "slot use", "admit use", "exec wait s", "BW share",
-              "solved", "ctx full", "first run s")
+    header = ("engine", "s", "dialogs/min", "tok/s", "answers", "slot use", "admit use", "admit s", "exec wait s",
+              "BW share", "solved", "ctx full", "first run s")
     print(" | ".join(header))
     for res in results.values():
         print(" | ".join([res["engine"], f"{res['seconds']:.1f}", f"{res['dialogs_per_min']:.2f}",
                           f"{res['tokens_per_s']:.1f}", str(res["turns"]),
                           f"{res['slot_use']:.2f}" if res["slot_use"] is not None else "-",
                           f"{res['admit_use']:.2f}" if res["admit_use"] is not None else "-",
+                          f"{res['admit_s']:.1f}" if res["admit_use"] is not None else "-",
                           f"{res['executor_wait_s']:.1f}",
                           f"{res['bandwidth_share']:.2f}" if "bandwidth_share" in res else "-",
                           str(res["solved"]), str(res["context_full"]), f"{res['first_s']:.1f}"]))

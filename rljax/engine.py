@@ -167,6 +167,7 @@ class SlotRolloutRunner(RolloutRunner):
                 for b, _, _ in admissions:
                     phase[b] = LIVE
                 rows = host_rows(state)
+                stats.admit_s += time.perf_counter() - t0
             live = rows["live_b"]  # only admitted (LIVE) slots are live on the device
             if live.any():
                 window = attention_window(min(int(rows["fill_b"][live].max()) + self.check_every,

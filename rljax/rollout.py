@@ -79,6 +79,7 @@ class RolloutStats:
     decode_kv_slots_read: int = 0  # cache slots the decode steps attended to, summed over slots and steps
     admit_tokens: int = 0  # tokens the slots engine's admissions prefilled (a prompt shared by a group once)
     admit_token_slots: int = 0  # segments x width those admissions computed, padding included
+    admit_s: float = 0.0  # the slots engine's time in admissions (part of generate_s; the rest is decode)
 
     def add(self, other: "RolloutStats") -> None:
         """Accumulate another round's counts and times (dynamic sampling runs several rounds per step)."""

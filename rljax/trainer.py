@@ -241,6 +241,8 @@ class Trainer:
                         "time/train_s": now - train_started,
                         "perf/device_wait_share": rstats.score_wait_s / max(now - started, 1e-9),
                         "perf/tokens_per_s": sum(sum(t.sampled) for t in trajectories) / max(rstats.generate_s, 1e-9)})
+        if rstats.admit_token_slots:  # the slots engine: seconds of the rollout spent prefilling admissions
+            metrics["time/admit_s"] = rstats.admit_s
         self.step_count += 1
         return StepOutput(metrics, trajectories)
 

@@ -107,6 +107,7 @@ def test_admissions_count_the_tokens_they_prefill_and_the_padded_token_slots_the
     lengths = [len(toy.DigitCodec().prompt_ids(env.open(i).messages)) for i in (0, 3)]
     assert lengths == [5, 19]
     assert (stats.admit_tokens, stats.admit_token_slots) == (5 + 19, 2 * 24)
+    assert 0 < stats.admit_s <= stats.generate_s  # the admission is part of the device time
 
 
 def test_an_admission_prefills_at_most_admit_rows_segments_and_the_dialogs_sample_the_same(digit_model,
@@ -254,6 +255,7 @@ def test_training_on_slots_logs_slot_use_and_resumes_bit_exactly(tmp_path):
     rows = run(straight)
     assert 0 < rows[0]["perf/decode_slot_use"] <= 1 and rows[0]["turns/mean"] > 1
     assert 0 < rows[0]["perf/admit_token_use"] <= 1
+    assert 0 < rows[0]["time/admit_s"] < rows[0]["time/rollout_s"]
     shutil.copytree(straight, resumed)
     shutil.rmtree(resumed / "checkpoints" / "2")
     again = _deterministic(run(resumed))
